@@ -1,0 +1,1 @@
+"""Reproducible CPU training of the bundled tiny models (tokenizer, target, draft, PRM)."""

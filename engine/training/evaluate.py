@@ -1,0 +1,94 @@
+"""Held-out evaluation of the bundled models: exact accuracy per suite, PRM AUROC.
+
+    python -m engine.training.evaluate --n 100
+
+Generation here is plain greedy ``generate()`` on held-out seeds (>= EVAL_SEED_BASE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+
+import torch
+
+from engine.synthetic import EVAL_SEED_BASE, check, make_arithmetic_example, make_example
+from engine.training.data import corrupted_steps, prm_text, prompt_text
+from engine.training.tokenizer import STEP_TAG
+
+
+@torch.inference_mode()
+def suite_accuracy(model, tokenizer, suite: str, n: int, max_new_tokens: int = 700) -> float:
+    correct = 0
+    for i in range(n):
+        ex = make_example(suite, EVAL_SEED_BASE + i)
+        ids = tokenizer(prompt_text(tokenizer, ex.prompt), return_tensors="pt", add_special_tokens=False).input_ids
+        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=False)
+        answer = text.split("</think>", 1)[-1].replace(tokenizer.eos_token, "")
+        correct += bool(check(suite, answer, ex.reference))
+    return correct / n
+
+
+@torch.inference_mode()
+def step_scores(model, tokenizer, question: str, steps: list[str]) -> list[float]:
+    """P(+) at every step tag, math-shepherd style."""
+    ids = tokenizer(prm_text(question, steps), return_tensors="pt", add_special_tokens=False).input_ids
+    logits = model(ids).logits[0]
+    tag = tokenizer.convert_tokens_to_ids(STEP_TAG)
+    plus = tokenizer.encode("+", add_special_tokens=False)[0]
+    minus = tokenizer.encode("-", add_special_tokens=False)[0]
+    pos = (ids[0] == tag).nonzero().flatten()
+    return torch.softmax(logits[pos][:, [plus, minus]], dim=-1)[:, 0].tolist()
+
+
+def auroc(pos: list[float], neg: list[float]) -> float:
+    """Probability that a random positive scores above a random negative (ties count half)."""
+    wins = sum((p > q) + 0.5 * (p == q) for p in pos for q in neg)
+    return wins / (len(pos) * len(neg))
+
+
+def prm_auroc(model, tokenizer, n: int) -> float:
+    rng = random.Random(7)
+    good, bad = [], []
+    for i in range(n):
+        ex = make_arithmetic_example(EVAL_SEED_BASE + i)
+        steps, labels = corrupted_steps(ex, rng)
+        for score, ok in zip(step_scores(model, tokenizer, ex.prompt, steps), labels):
+            (good if ok else bad).append(score)
+        clean = list(ex.reasoning_steps) + [ex.answer]
+        good += step_scores(model, tokenizer, ex.prompt, clean)
+    return auroc(good, bad)
+
+
+def accuracy(model, tokenizer, kind: str, n: int = 24) -> dict:
+    """The numbers printed while training: per-suite accuracy, or AUROC for the PRM."""
+    if kind == "prm":
+        return {"auroc": round(prm_auroc(model, tokenizer, n), 4)}
+    suites = ["arithmetic"] if kind == "draft" else ["classes", "arithmetic"]
+    return {s: round(suite_accuracy(model, tokenizer, s, n), 4) for s in suites}
+
+
+def main(argv: list[str] | None = None) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+
+    from engine.training.train import MODELS, SPECS  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser(prog="python -m engine.training.evaluate")
+    ap.add_argument("--n", type=int, default=100)
+    ap.add_argument("--models", default=",".join(SPECS))
+    args = ap.parse_args(argv)
+    results = {}
+    for name in args.models.split(","):
+        path = MODELS / name
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        results[name] = accuracy(model, tokenizer, SPECS[name][0], n=args.n)
+        print(name, results[name], flush=True)
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""Train the bundled tiny models on the CPU, reproducibly and resumably.
+
+    python -m engine.training.train --model tiny-reasoner --minutes 60
+
+Each model is a small Llama-architecture causal LM in Hugging Face format under
+``assets/models/NAME``. Training resumes from what is there: the weights, ``training_state.json``
+(step, tokens seen, data RNG state, eval history) and, when the same machine still has it, the
+optimizer state under ``build/train/``. The learning-rate schedule is a function of the step, so
+a resumed run continues the same schedule. Held-out accuracy is measured as it trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from engine.training.data import IGNORE, sample_sequence, tokenizer_corpus
+from engine.training.tokenizer import build_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "assets" / "models"
+BUILD = ROOT / "build" / "train"
+
+# name -> (data kind, architecture, rows of ROW_LEN packed tokens per batch, peak lr, total steps)
+SPECS = {
+    "tiny-reasoner": ("target", dict(hidden_size=192, num_hidden_layers=6, num_attention_heads=6,
+                                     num_key_value_heads=3, intermediate_size=576), 6, 2e-3, 8000),
+    "tiny-reasoner-draft": ("draft", dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
+                                          num_key_value_heads=3, intermediate_size=288), 4, 3e-3, 4000),
+    "tiny-prm": ("prm", dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
+                             num_key_value_heads=3, intermediate_size=288), 4, 3e-3, 3000),
+}
+WARMUP = 300
+ROW_LEN = 1024  # sequences are packed into rows this long, each attending only to itself
+
+
+def load_or_build_tokenizer():
+    tok_dir = MODELS / "tiny-reasoner"
+    if (tok_dir / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(tok_dir)
+    tok = build_tokenizer(tokenizer_corpus())
+    tok_dir.mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(tok_dir)
+    return AutoTokenizer.from_pretrained(tok_dir)
+
+
+def new_model(arch: dict, tokenizer) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), max_position_embeddings=2048, tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        rope_theta=10000.0, **arch,
+    )
+    return LlamaForCausalLM(config)
+
+
+def lr_at(step: int, peak: float, total: int) -> float:
+    if step < WARMUP:
+        return peak * (step + 1) / WARMUP
+    progress = min(1.0, (step - WARMUP) / max(1, total - WARMUP))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_batch(tokenizer, kind: str, rows: int, rng: random.Random):
+    """Pack whole sequences into ``rows`` rows of ROW_LEN tokens. A block-diagonal causal mask and
+    per-sequence position ids keep every sequence blind to its neighbours (no cross-example copying)."""
+    input_ids = torch.full((rows, ROW_LEN), tokenizer.pad_token_id)
+    targets = torch.full((rows, ROW_LEN), IGNORE)
+    positions = torch.zeros((rows, ROW_LEN), dtype=torch.long)
+    doc = torch.full((rows, ROW_LEN), -1)
+    for r in range(rows):
+        used, d = 0, 0
+        while True:
+            ids, labels, aligned = sample_sequence(tokenizer, kind, rng)
+            n = len(ids)
+            if used + n > ROW_LEN:
+                break
+            input_ids[r, used : used + n] = torch.tensor(ids)
+            positions[r, used : used + n] = torch.arange(n)
+            doc[r, used : used + n] = d
+            if aligned:  # targets already sit at the position whose logits are read
+                targets[r, used : used + n] = torch.tensor(labels)
+            else:  # next-token prediction: position j predicts labels[j + 1]
+                targets[r, used : used + n - 1] = torch.tensor(labels[1:])
+            used, d = used + n, d + 1
+    causal = torch.tril(torch.ones(ROW_LEN, ROW_LEN, dtype=torch.bool))
+    mask = (doc[:, :, None] == doc[:, None, :]) & causal & (doc[:, :, None] >= 0)
+    mask |= torch.eye(ROW_LEN, dtype=torch.bool)  # padding rows attend to themselves: no NaNs
+    return input_ids, mask[:, None], positions, targets
+
+
+def save(model, tokenizer, name: str, state: dict, optimizer) -> None:
+    out = MODELS / name
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "training_state.json").write_text(json.dumps(state, indent=1))
+    BUILD.mkdir(parents=True, exist_ok=True)
+    torch.save(optimizer.state_dict(), BUILD / f"{name}-optim.pt")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m engine.training.train", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True, choices=sorted(SPECS))
+    ap.add_argument("--minutes", type=float, default=60.0, help="wall-clock budget of this call")
+    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2)))
+    ap.add_argument("--save-every", type=float, default=10.0, help="minutes between checkpoints")
+    ap.add_argument("--eval-every", type=int, default=500, help="steps between held-out evaluations")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    kind, arch, batch_size, peak_lr, total = SPECS[args.model]
+    tokenizer = load_or_build_tokenizer()
+    out = MODELS / args.model
+    state_file = out / "training_state.json"
+    if state_file.exists():
+        state = json.loads(state_file.read_text())
+        model = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32)
+        print(f"resuming {args.model} at step {state['step']}")
+    else:
+        torch.manual_seed(1234)
+        model = new_model(arch, tokenizer)
+        state = {"step": 0, "tokens": 0, "seconds": 0.0, "rng": None, "evals": []}
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{args.model}: {n_params / 1e6:.2f}M parameters, batch {batch_size}, {total} steps planned")
+    rng = random.Random(f"train-{args.model}")
+    if state["rng"] is not None:
+        rng.setstate(_rng_from_json(state["rng"]))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=peak_lr, weight_decay=0.05, betas=(0.9, 0.98))
+    optim_file = BUILD / f"{args.model}-optim.pt"
+    if optim_file.exists() and state["step"] > 0:
+        optimizer.load_state_dict(torch.load(optim_file))
+    model.train()
+    start = last_save = time.time()
+    losses = []
+    from engine.training.evaluate import accuracy  # noqa: PLC0415 (evaluation pulls in the engine)
+
+    while state["step"] < total and time.time() - start < args.minutes * 60:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(state["step"], peak_lr, total)
+        input_ids, mask, positions, targets = make_batch(tokenizer, kind, batch_size, rng)
+        logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions).logits
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        state["step"] += 1
+        state["tokens"] += int((targets != IGNORE).sum())
+        losses.append(loss.item())
+        if state["step"] % 50 == 0:
+            elapsed = time.time() - start
+            print(f"step {state['step']}/{total} loss {sum(losses) / len(losses):.4f} "
+                  f"lr {lr_at(state['step'], peak_lr, total):.2e} tokens {state['tokens']} "
+                  f"[{elapsed / 60:.1f} min]", flush=True)
+            losses = []
+        if state["step"] % args.eval_every == 0:
+            model.eval()
+            result = accuracy(model, tokenizer, kind, n=24)
+            model.train()
+            state["evals"].append({"step": state["step"], **result})
+            print(f"eval at step {state['step']}: {result}", flush=True)
+        if time.time() - last_save > args.save_every * 60:
+            state["seconds"] += time.time() - last_save
+            state["rng"] = _rng_to_json(rng.getstate())
+            save(model, tokenizer, args.model, state, optimizer)
+            last_save = time.time()
+    state["seconds"] += time.time() - last_save
+    state["rng"] = _rng_to_json(rng.getstate())
+    save(model, tokenizer, args.model, state, optimizer)
+    print(f"saved {args.model} at step {state['step']}")
+
+
+def _rng_to_json(s):
+    return [s[0], list(s[1]), s[2]]
+
+
+def _rng_from_json(s):
+    return (s[0], tuple(s[1]), s[2])
+
+
+if __name__ == "__main__":
+    main()
