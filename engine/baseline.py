@@ -1,0 +1,73 @@
+"""Plain decoding, method ``baseline``: the reference decoder every speculative path must match.
+
+Two phases on one KV cache: reasoning up to ``max_think`` tokens (on reaching the budget the
+end-of-thinking marker and the template's tail are appended: budget forcing), then the answer up
+to ``max_answer`` tokens or an end-of-sequence token. One forward per token, nothing clever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from engine.config import RunConfig
+from engine.events import Event
+from engine.model import LoadedModel
+from engine.recorder import Recorder
+from engine.sampling import Chooser
+
+
+def decode_baseline(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
+    """Yield the events of a plain run of ``prompt`` (the user message, templated here)."""
+    prompt_ids = lm.prompt_ids(prompt)
+    rec = Recorder(lm.tokenizer, "baseline", len(prompt_ids), lm.device)
+    chooser = Chooser(cfg.temperature, cfg.top_p, cfg.seed)
+    markers = lm.markers
+    cache = lm.new_cache()
+
+    # 1. prefill
+    yield rec.phase("prefill")
+    logits = lm.step_logits(prompt_ids, cache, 0)[-1]  # [V]
+    rec.forward()
+    length = len(prompt_ids)
+
+    # 2. reasoning (skipped for models without think markers: everything is the answer)
+    answer_forced: list[int] = []
+    ended = False  # the model ended the sequence inside its reasoning: no answer
+    if markers is not None:
+        yield rec.phase("reasoning")
+        n = 0
+        while True:
+            if n == cfg.max_think:  # budget forcing
+                tok, answer_forced = markers.close_id, list(markers.close_ids[1:])
+            else:
+                tok = chooser.pick(logits)
+            n += 1
+            if tok in lm.eos_ids:
+                ended = True
+                break
+            yield rec.token("reasoning", tok)
+            feed = [tok, *answer_forced]
+            logits = lm.step_logits(feed, cache, length)[-1]
+            rec.forward()
+            length += len(feed)
+            if tok == markers.close_id:
+                break
+
+    # 3. answer
+    yield rec.phase("answer")
+    for tok in answer_forced:
+        yield rec.token("answer", tok)
+    answered = len(answer_forced)
+    while not ended and answered < cfg.max_answer:
+        tok = chooser.pick(logits)
+        if tok in lm.eos_ids:
+            break
+        yield rec.token("answer", tok)
+        answered += 1
+        if answered == cfg.max_answer:
+            break
+        logits = lm.step_logits([tok], cache, length)[-1]
+        rec.forward()
+        length += 1
+    yield rec.phase("done")
+    yield rec.done()

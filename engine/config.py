@@ -1,0 +1,74 @@
+"""Run configuration: one frozen dataclass, each default stated once.
+
+The CLI and the UI build a :class:`RunConfig` and never restate its defaults; invalid values raise
+``ValueError`` naming the field and the value.
+
+>>> RunConfig(draft_start=100, max_think=400).max_draft
+500
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Settings of one decoding run (plain or SSR).
+
+    Conventions: token counts exclude the prompt; ``max_answer`` counts answer tokens after the
+    end-of-thinking marker, the end-of-sequence token excluded; an acceptance length excludes the
+    token the verifier itself picks after the accepted ones (the "bonus" or corrected token).
+    """
+
+    max_think: int = 2000  # reasoning budget; on reaching it the end-of-thinking marker is appended
+    max_answer: int = 1024
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int = 0
+    # --- SSR (paper defaults: draft at 500 CoT tokens, drafts up to 500 tokens, CoT up to 2000)
+    draft_start: int = 500  # reasoning tokens the first draft sees
+    max_draft: int = 500  # tokens per draft answer
+    num_drafts: int = 1  # > 1: iterative SSR, a new draft every draft_interval reasoning tokens
+    draft_interval: int = 250
+    max_spec: int = 32  # most tokens verified in one forward
+    min_match: int = 2  # shortest answer suffix that suffix recovery matches
+    suffix_recovery: bool = True  # reuse drafts after the first mismatch
+    context_lookup: bool = True  # then search the prompt, the reasoning and the answer itself
+
+    def __post_init__(self) -> None:
+        for name in ("max_think", "max_answer", "max_draft", "num_drafts", "max_spec", "min_match"):
+            _require(name, getattr(self, name), getattr(self, name) >= 1, "must be >= 1")
+        for name in ("draft_start", "draft_interval", "seed"):
+            _require(name, getattr(self, name), getattr(self, name) >= 0, "must be >= 0")
+        _require("temperature", self.temperature,
+                 math.isfinite(self.temperature) and self.temperature >= 0, "must be a finite number >= 0")
+        _require("top_p", self.top_p, 0 < self.top_p <= 1, "must be in (0, 1]")
+        _require("draft_start", self.draft_start, self.draft_start < self.max_think,
+                 f"must be < max_think ({self.max_think})")
+        if self.num_drafts > 1:
+            _require("draft_interval", self.draft_interval, self.draft_interval >= 1,
+                     "must be >= 1 when num_drafts > 1")
+        for name in ("suffix_recovery", "context_lookup"):
+            _require(name, getattr(self, name), isinstance(getattr(self, name), bool), "must be true or false")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def replace(self, **changes) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+
+def _require(name: str, value, ok: bool, why: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}={value!r} {why}")

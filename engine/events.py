@@ -1,0 +1,98 @@
+"""The event stream every method yields, and the statistics it ends with.
+
+A run is a generator of events: :class:`PhaseEvent` when the run enters a phase,
+:class:`TokenEvent` for every token on every stream (and for every later change of a draft token's
+status), and one final :class:`DoneEvent` carrying :class:`RunStats` and the texts. The UI, the
+run log, the exporters and the benchmark all consume this same stream.
+
+Streams and statuses:
+
+* ``reasoning``: the chain of thought, ``generated`` (the end-of-thinking marker included).
+* ``answer``: ``generated`` (the model's own pick), ``accepted`` (a draft token taken by prefix
+  verification) or ``recovered`` (a token taken from a draft, the prompt, the reasoning or the
+  answer itself after a suffix match; ``source`` and ``match_len`` say which).
+* ``draft``: each draft's tokens as written (``generated``), then re-emitted with the same
+  ``position`` as ``accepted`` / ``recovered`` when taken, or ``rejected`` when proposed and not
+  taken. A token taken later is re-emitted as taken; a taken token is never marked rejected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+PHASES = ("prefill", "reasoning", "drafting", "answer", "done")
+STREAMS = ("reasoning", "draft", "answer")
+STATUSES = ("generated", "accepted", "recovered", "rejected")
+
+
+@dataclass(frozen=True)
+class PhaseEvent:
+    phase: str  # one of PHASES; "drafting" marks a draft forking (``draft`` says which)
+    t: float  # seconds since the run started (monotonic clock)
+    draft: int | None = None
+    at_token: int | None = None  # for "drafting": reasoning tokens the draft has seen
+    kind: str = "phase"
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    stream: str
+    status: str
+    token_id: int
+    text: str  # decoded piece; a stream's pieces concatenate to its decoded text
+    position: int  # index of the token within its stream (within its draft for "draft")
+    t: float
+    draft: int | None = None  # which draft ("draft" stream, or an answer token taken from a draft)
+    source: str | None = None  # for recovered tokens: "draft", "prompt", "reasoning" or "answer"
+    match_len: int | None = None  # for recovered tokens: length of the suffix match
+    kind: str = "token"
+
+
+@dataclass
+class RunStats:
+    """Timings and counters of one run; the ``runs`` table mirrors these fields."""
+
+    method: str = ""
+    wall_s: float = 0.0
+    ttft_s: float | None = None  # time to the first answer token
+    prefill_s: float = 0.0
+    reasoning_s: float = 0.0
+    answer_s: float = 0.0
+    prompt_tokens: int = 0
+    reasoning_tokens: int = 0
+    answer_tokens: int = 0
+    draft_tokens: int = 0
+    drafts: int = 0
+    accepted: int = 0
+    recovered: int = 0
+    rejected: int = 0  # proposed draft / lookup tokens not taken
+    generated: int = 0  # answer tokens the model picked itself
+    forward_calls: int = 0
+    tokens_per_s: float = 0.0  # (reasoning + answer tokens) / wall time
+    peak_memory_mb: float | None = None
+    # RSD accounting (zero for other methods)
+    flops: float = 0.0
+    steps_accepted: int = 0
+    steps_rejected: int = 0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    stats: RunStats
+    reasoning_text: str
+    answer_text: str
+    reasoning_ids: list[int] = field(default_factory=list)
+    answer_ids: list[int] = field(default_factory=list)
+    drafts: list[list[int]] = field(default_factory=list)
+    kind: str = "done"
+
+
+Event = PhaseEvent | TokenEvent | DoneEvent

@@ -1,0 +1,186 @@
+"""Loading a reasoning model, finding its think markers, templating prompts, running forwards.
+
+>>> lm = load_model("assets/models/tiny-reasoner")          # a local folder or a Hub id
+>>> ids = lm.prompt_ids("Write a Python class Garden. ...")  # templated, think block opened
+
+The model is used only through its public ``forward`` with a ``DynamicCache``; the cache length
+is the one explicit position every decode loop tracks.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.presets import BUNDLED, PRESETS, Preset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message names the id and says why, without a traceback."""
+
+
+class SSRUnsupportedError(ValueError):
+    """The model has no end-of-thinking marker, so SSR cannot fork a draft answer."""
+
+
+@dataclass(frozen=True)
+class ThinkMarkers:
+    open_ids: tuple[int, ...]  # what opens the think block, e.g. "<think>\n"
+    close_id: int  # the single end-of-thinking token, e.g. "</think>"
+    close_ids: tuple[int, ...]  # what the template puts between reasoning and answer, close_id first
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    """``device`` if given, else CUDA, then MPS, then CPU."""
+    if device and device != "auto":
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def resolve_model_path(name: str | None) -> tuple[str, Preset | None]:
+    """Map a preset name, a bundled model name, a local path or a Hub id to (path or id, preset)."""
+    name = name or "tiny-reasoner"
+    if name in BUNDLED:
+        return str(ROOT / "assets" / "models" / name), None
+    if name in PRESETS:
+        return PRESETS[name].hub_id, PRESETS[name]
+    by_id = {p.hub_id: p for p in PRESETS.values()}
+    return name, by_id.get(name)
+
+
+def find_markers(tokenizer, preset: Preset | None = None) -> ThinkMarkers | None:
+    """The think markers, if the tokenizer has the end marker as a single token; else None."""
+    open_text = preset.think_open if preset else "<think>\n"
+    close_text = preset.think_close if preset else "</think>"
+    tail = preset.close_tail if preset else "\n\n"
+    close = tokenizer.encode(close_text, add_special_tokens=False)
+    if len(close) != 1 or tokenizer.convert_ids_to_tokens(close[0]) in (None, tokenizer.unk_token):
+        return None
+    open_ids = tokenizer.encode(open_text, add_special_tokens=False)
+    tail_ids = tokenizer.encode(tail, add_special_tokens=False) if tail else []
+    return ThinkMarkers(tuple(open_ids), close[0], (close[0], *tail_ids))
+
+
+class LoadedModel:
+    """A causal LM, its tokenizer and its think markers, on one device."""
+
+    def __init__(self, model, tokenizer, model_id: str, markers: ThinkMarkers | None, preset: Preset | None = None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        self.markers = markers
+        self.preset = preset
+        self.device = next(model.parameters()).device
+        eos = set()
+        for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+            eos.update(source if isinstance(source, list) else [source] if source is not None else [])
+        self.eos_ids = frozenset(int(e) for e in eos)
+        self.num_parameters = sum(p.numel() for p in model.parameters())
+
+    # ------------------------------------------------------------------ prompts
+    def prompt_ids(self, user_text: str) -> list[int]:
+        """The user message through the chat template with thinking on; the think block is
+        opened here when the template leaves it to the model (as Qwen3's does)."""
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": user_text}], add_generation_prompt=True, tokenize=False,
+                enable_thinking=True,
+            )
+        else:
+            text = user_text + "\n"
+        ids = tok.encode(text, add_special_tokens=False)
+        m = self.markers
+        if m is not None and m.open_ids and not _ends_with_open(ids, m.open_ids):
+            ids = ids + list(m.open_ids)
+        return ids
+
+    def require_markers(self) -> ThinkMarkers:
+        if self.markers is None:
+            raise SSRUnsupportedError(
+                f"{self.model_id} has no end-of-thinking marker token: SSR needs a reasoning model "
+                "with an end-of-thinking marker (plain decoding still works)"
+            )
+        return self.markers
+
+    # ------------------------------------------------------------------ forwards
+    def new_cache(self):
+        from transformers import DynamicCache  # noqa: PLC0415
+
+        return DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, cache, start: int) -> torch.Tensor:
+        """Logits ``[B, T, V]`` for ``input_ids`` ``[B, T]`` at positions ``start .. start + T``.
+        Every row of the batch sits at the same positions (SSR forks share the prefix length)."""
+        b, t = input_ids.shape
+        positions = torch.arange(start, start + t, device=self.device).expand(b, t)
+        assert cache.get_seq_length() == start, f"cache holds {cache.get_seq_length()} tokens, expected {start}"
+        out = self.model(input_ids=input_ids.to(self.device), cache=cache, position_ids=positions,
+                         use_cache=True, logits_to_keep=t)
+        return out.logits
+
+    def step_logits(self, tokens: list[int], cache, start: int) -> torch.Tensor:
+        """Logits ``[T, V]`` for a single row of ``tokens`` at ``start``."""
+        return self.forward(torch.tensor([tokens], device=self.device), cache, start)[0]
+
+
+def _ends_with_open(ids: list[int], open_ids: tuple[int, ...]) -> bool:
+    """Whether the prompt already opened the think block (possibly followed by a newline)."""
+    k = len(open_ids)
+    return tuple(ids[-k:]) == open_ids or (k > 1 and tuple(ids[-k + 1 :]) == open_ids[:-1])
+
+
+def crop(cache, length: int) -> None:
+    """Roll the cache back to ``length`` tokens (transformers 5: ``crop`` takes a negative count)."""
+    extra = cache.get_seq_length() - length
+    assert extra >= 0, f"cannot crop a cache of {cache.get_seq_length()} tokens to {length}"
+    if extra:
+        cache.crop(-extra)
+
+
+def load_model(name: str | None = None, device: str | None = None, dtype: str | None = None,
+               trust_remote_code: bool = False) -> LoadedModel:
+    """Load a causal LM and its tokenizer from a bundled name, a preset, a local folder or a Hub id.
+
+    bf16 on GPUs, fp32 on the CPU unless ``dtype`` says otherwise. Errors name the id and the
+    reason (missing folder, offline Hub, unknown id) as a :class:`ModelLoadError`.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+
+    path, preset = resolve_model_path(name)
+    dev = pick_device(device)
+    torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    looks_local = path.startswith((".", "/", "~")) or os.path.sep in path and not _looks_like_hub_id(path)
+    if looks_local and not Path(path).expanduser().is_dir():
+        raise ModelLoadError(f"model folder {path!r} does not exist")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        if dev.type == "cuda":
+            kwargs["device_map"] = "auto" if dev.index is None else {"": dev.index}
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except OSError as err:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or "offline" in str(err).lower()
+        why = "the Hub is unreachable or offline mode is on, and it is not in the local cache" if offline \
+            else "no such local folder, Hub id, or not a causal language model"
+        raise ModelLoadError(f"could not load model {path!r}: {why} ({str(err).splitlines()[0]})") from None
+    except ValueError as err:
+        raise ModelLoadError(f"could not load model {path!r}: {str(err).splitlines()[0]}") from None
+    if dev.type != "cuda":
+        model = model.to(dev)
+    return LoadedModel(model, tokenizer, name or "tiny-reasoner", find_markers(tokenizer, preset), preset)
+
+
+def _looks_like_hub_id(path: str) -> bool:
+    parts = path.split("/")
+    return len(parts) == 2 and all(parts) and not Path(path).exists()

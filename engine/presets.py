@@ -1,0 +1,36 @@
+"""Presets for real reasoning models on the Hugging Face Hub, and the bundled model names.
+
+Each preset names the Hub id and its thinking markers as the model card documents them:
+Qwen3 and Qwen3.5 write ``<think> ... </think>`` (Qwen3's template leaves ``<think>`` to the
+model; the engine opens it), DeepSeek-R1-Distill's template opens ``<think>\\n`` itself, and
+Gemma 4 thinks in a ``<|channel>thought ... <channel|>`` block when the system turn carries
+``<|think|>`` (its template's ``enable_thinking``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BUNDLED = ("tiny-reasoner", "tiny-reasoner-draft", "tiny-prm")
+
+
+@dataclass(frozen=True)
+class Preset:
+    hub_id: str
+    think_open: str = "<think>\n"
+    think_close: str = "</think>"
+    close_tail: str = "\n\n"  # what the template writes after the end marker, before the answer
+    note: str = ""
+
+
+PRESETS: dict[str, Preset] = {
+    "qwen3-0.6b": Preset("Qwen/Qwen3-0.6B"),
+    "qwen3-1.7b": Preset("Qwen/Qwen3-1.7B"),
+    "qwen3-4b": Preset("Qwen/Qwen3-4B"),
+    "qwen3-8b": Preset("Qwen/Qwen3-8B"),
+    "qwen3.5-4b": Preset("Qwen/Qwen3.5-4B", note="the SSR paper's Qwen model"),
+    "gemma-4-e4b-it": Preset("google/gemma-4-E4B-it", think_open="<|channel>thought\n",
+                             think_close="<channel|>", close_tail="", note="the SSR paper's Gemma model"),
+    "deepseek-r1-distill-qwen-1.5b": Preset("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"),
+    "deepseek-r1-distill-qwen-7b": Preset("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"),
+}

@@ -1,0 +1,100 @@
+"""Proposers: where SSR's answer phase gets the tokens it verifies.
+
+All share one small interface, ``propose(answer, max_tokens) -> Proposal | None`` and
+``observe(proposal, accepted)``; the answer loop asks them in order and verifies the first
+proposal it gets.
+
+* :class:`DraftPrefixProposer`: the newest draft, read from where the answer is, for as long as
+  the answer is still a prefix of it (the paper's prefix verification).
+* :class:`SuffixProposer` over the drafts: after the first mismatch, the longest answer suffix
+  found in any draft proposes what followed it there (the paper's suffix decoding).
+* :class:`SuffixProposer` over the context: the same over the prompt, the reasoning and the answer
+  itself (prompt-lookup style; beyond the paper).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.suffix_index import SuffixIndex
+
+
+@dataclass
+class Draft:
+    """One draft answer, written by a forked row from the partial reasoning."""
+
+    index: int
+    forked_at: int  # reasoning tokens the draft saw
+    pending: list[int]  # forced tokens still to feed (the end-of-thinking marker and tail)
+    tokens: list[int] = field(default_factory=list)  # the draft answer, template tail included
+    probs: list[torch.Tensor | None] = field(default_factory=list)  # q per token (None: one-hot)
+    finished: bool = False
+    marker_fed: bool = False  # the end-of-thinking marker is fed first and is not a draft token
+
+    @property
+    def name(self) -> str:
+        return f"draft:{self.index}"
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: list[int]
+    status: str  # what the answer tokens become when taken: "accepted" or "recovered"
+    source: str  # "draft", "prompt", "reasoning" or "answer"
+    draft: int | None  # which draft, for draft sources
+    start: int  # index in the source of tokens[0]
+    match_len: int | None = None
+    probs: torch.Tensor | None = None  # [k, V] draft distributions; None = deterministic proposal
+
+
+class DraftPrefixProposer:
+    """Proposes the newest draft's continuation while the answer is a prefix of it."""
+
+    def __init__(self, draft: Draft | None) -> None:
+        self.draft = draft
+        self.active = draft is not None
+
+    def propose(self, answer: list[int], max_tokens: int) -> Proposal | None:
+        if not self.active:
+            return None
+        d, n = self.draft, len(answer)
+        if d.tokens[:n] != answer or n >= len(d.tokens):
+            self.active = False
+            return None
+        tokens = d.tokens[n : n + max_tokens]
+        q = d.probs[n : n + len(tokens)]
+        probs = None
+        if any(p is not None for p in q):
+            vocab = next(p for p in q if p is not None).shape[-1]
+            probs = torch.stack([p if p is not None else _one_hot(t, vocab) for p, t in zip(q, tokens)])
+        return Proposal(tokens, "accepted", "draft", d.index, n, None, probs)
+
+    def observe(self, proposal: Proposal, accepted: int) -> None:
+        pass  # the prefix test in propose() notices a mismatch by itself
+
+
+class SuffixProposer:
+    """Proposes what followed the answer's longest suffix in the given sources."""
+
+    def __init__(self, index: SuffixIndex, names: list[str], stop: frozenset[int]) -> None:
+        self.index, self.names, self.stop = index, names, stop
+
+    def propose(self, answer: list[int], max_tokens: int) -> Proposal | None:
+        m = self.index.lookup(answer, self.names, max_tokens, self.stop)
+        if m is None:
+            return None
+        kind, _, num = m.source.partition(":")
+        return Proposal(m.tokens, "recovered", kind, int(num) if num else None, m.start, m.length)
+
+    def observe(self, proposal: Proposal, accepted: int) -> None:
+        name = proposal.source if proposal.draft is None else f"draft:{proposal.draft}"
+        if accepted:
+            self.index.advance(name, proposal.start + accepted)
+
+
+def _one_hot(token: int, vocab: int) -> torch.Tensor:
+    v = torch.zeros(vocab)
+    v[token] = 1.0
+    return v

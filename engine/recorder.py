@@ -1,0 +1,117 @@
+"""Builds a run's events and statistics, so decode loops only say what happened.
+
+Every decode loop owns one :class:`Recorder`: it turns token ids into :class:`TokenEvent` s (with
+incrementally decoded text and positions), counts them into :class:`RunStats`, times the phases,
+and ends the run with a :class:`DoneEvent`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.detok import IncrementalDetokenizer
+from engine.events import DoneEvent, PhaseEvent, RunStats, TokenEvent
+
+_COUNTERS = {"accepted": "accepted", "recovered": "recovered", "generated": "generated"}
+
+
+class Recorder:
+    def __init__(self, tokenizer, method: str, prompt_tokens: int, device: torch.device | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.stats = RunStats(method=method, prompt_tokens=prompt_tokens)
+        self.t0 = time.perf_counter()
+        self.device = device
+        self._phase: str | None = None
+        self._phase_t0 = self.t0
+        self._detok: dict[tuple[str, int | None], IncrementalDetokenizer] = {}
+        self.streams: dict[tuple[str, int | None], list[int]] = {}
+        self._draft_pieces: dict[int, list[str]] = {}
+        self._taken: dict[int, set[int]] = {}
+        if device is not None and device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    # ------------------------------------------------------------------ phases
+    def phase(self, name: str, draft: int | None = None, at_token: int | None = None) -> PhaseEvent:
+        if name != "drafting":
+            self._close_phase()
+            self._phase, self._phase_t0 = name, time.perf_counter()
+        return PhaseEvent(name, self.now(), draft, at_token)
+
+    def _close_phase(self) -> None:
+        if self._phase in ("prefill", "reasoning", "answer"):
+            field = f"{self._phase}_s"
+            setattr(self.stats, field, getattr(self.stats, field) + time.perf_counter() - self._phase_t0)
+
+    # ------------------------------------------------------------------ tokens
+    def token(self, stream: str, token_id: int, status: str = "generated", draft: int | None = None,
+              source: str | None = None, match_len: int | None = None) -> TokenEvent:
+        """A new token on ``stream`` (for ``draft``: a new token of draft ``draft``)."""
+        key = (stream, draft if stream == "draft" else None)
+        detok = self._detok.get(key)
+        if detok is None:
+            detok = self._detok[key] = IncrementalDetokenizer(self.tokenizer)
+        ids = self.streams.setdefault(key, [])
+        ids.append(token_id)
+        piece = detok.push(token_id)
+        s = self.stats
+        if stream == "reasoning":
+            s.reasoning_tokens += 1
+        elif stream == "answer":
+            s.answer_tokens += 1
+            if s.ttft_s is None:
+                s.ttft_s = self.now()
+            setattr(s, _COUNTERS[status], getattr(s, _COUNTERS[status]) + 1)
+        else:
+            s.draft_tokens += 1
+            self._draft_pieces.setdefault(draft, []).append(piece)
+        return TokenEvent(stream, status, token_id, piece, len(ids) - 1, self.now(), draft, source, match_len)
+
+    def draft_status(self, draft: int, position: int, status: str, source: str | None = None,
+                     match_len: int | None = None) -> TokenEvent | None:
+        """A verdict on an existing draft token; None when it would downgrade a taken token."""
+        taken = self._taken.setdefault(draft, set())
+        if status == "rejected":
+            if position in taken:
+                return None
+            self.stats.rejected += 1
+        else:
+            taken.add(position)
+        token_id = self.streams[("draft", draft)][position]
+        text = self._draft_pieces[draft][position]
+        return TokenEvent("draft", status, token_id, text, position, self.now(), draft, source, match_len)
+
+    def rejected_lookup(self, count: int) -> None:
+        """Proposed tokens from the prompt, reasoning or answer that were not taken."""
+        self.stats.rejected += count
+
+    def forward(self, n: int = 1) -> None:
+        self.stats.forward_calls += n
+
+    # ------------------------------------------------------------------ end
+    def text(self, stream: str, draft: int | None = None) -> str:
+        key = (stream, draft)
+        detok = self._detok.get(key)
+        return detok.text + detok.flush() if detok else ""
+
+    def done(self) -> DoneEvent:
+        self._close_phase()
+        self._phase = None
+        s = self.stats
+        s.wall_s = self.now()
+        s.tokens_per_s = (s.reasoning_tokens + s.answer_tokens) / s.wall_s if s.wall_s > 0 else 0.0
+        if self.device is not None and self.device.type == "cuda":
+            s.peak_memory_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
+        drafts = sorted(d for (st, d) in self.streams if st == "draft")
+        return DoneEvent(
+            stats=s,
+            reasoning_text=self.text("reasoning"),
+            answer_text=self.text("answer"),
+            reasoning_ids=list(self.streams.get(("reasoning", None), [])),
+            answer_ids=list(self.streams.get(("answer", None), [])),
+            drafts=[list(self.streams[("draft", d)]) for d in drafts],
+        )

@@ -1,0 +1,151 @@
+"""The project's most important test: greedy SSR equals plain decoding, token for token.
+
+Five tiny random configurations over four architectures (Llama, Llama with GQA and tied
+embeddings, Qwen2, Qwen3, GPT-2) and both chat-template styles, many prompts, every extreme the
+engine issue lists, and a Hypothesis property test over random settings.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.baseline import decode_baseline
+from engine.config import RunConfig
+from engine.ssr import decode_ssr
+from tests.tiny import ARCHS, current_token_only, make_model, position_only, with_tokens
+
+PROMPTS = ["hello world", "class Garden: rose", "Start with 7. 7 plus 5", "héllo 😀 日本語 the lazy dog"]
+SMALL = dict(max_think=16, max_answer=20, max_draft=12)
+
+
+@functools.lru_cache(maxsize=None)
+def model(arch: str, style: str = "open", seed: int = 0, scale: float = 3.0):
+    return make_model(arch, seed=seed, style=style, init_scale=scale)
+
+
+def final(events):
+    return list(events)[-1]
+
+
+_baseline_cache: dict = {}
+
+
+def baseline(lm, prompt, cfg):
+    key = (id(lm), lm.eos_ids, lm.markers, prompt, cfg.max_think, cfg.max_answer)
+    if key not in _baseline_cache:
+        _baseline_cache[key] = final(decode_baseline(lm, prompt, cfg))
+    return _baseline_cache[key]
+
+
+def assert_same(lm, prompt, cfg):
+    base = baseline(lm, prompt, cfg)
+    ssr = final(decode_ssr(lm, prompt, cfg))
+    assert ssr.reasoning_ids == base.reasoning_ids, "reasoning differs from baseline"
+    assert ssr.answer_ids == base.answer_ids, "answer differs from baseline"
+    assert ssr.answer_text == base.answer_text
+    return ssr
+
+
+EXTREMES = {
+    "paper-like": dict(draft_start=6),
+    "draft-start-0": dict(draft_start=0),
+    "draft-start-late": dict(draft_start=15),
+    "max-draft-1": dict(draft_start=4, max_draft=1),
+    "iterative-3": dict(draft_start=2, num_drafts=3, draft_interval=4),
+    "no-suffix": dict(draft_start=6, suffix_recovery=False),
+    "no-lookup": dict(draft_start=6, context_lookup=False),
+    "spec-1": dict(draft_start=6, max_spec=1),
+    "min-match-1": dict(draft_start=6, min_match=1),
+}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("style", ["open", "model"])
+@pytest.mark.parametrize("case", sorted(EXTREMES))
+def test_greedy_equality(arch, style, case):
+    lm = model(arch, style)
+    for prompt in PROMPTS[:2] if style == "model" else PROMPTS:
+        assert_same(lm, prompt, RunConfig(**{**SMALL, **EXTREMES[case]}))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_draft_start_beyond_reasoning_length(arch):
+    """The reasoning ends (naturally) before draft_start: no draft is ever made."""
+    lm = model(arch)
+    base = baseline(lm, PROMPTS[0], RunConfig(**SMALL, draft_start=3))
+    stop_at = base.reasoning_ids[3]  # make the 4th reasoning token the end-of-thinking marker
+    steered = with_tokens(lm, close=stop_at)
+    ssr = assert_same(steered, PROMPTS[0], RunConfig(**SMALL, draft_start=10))
+    assert ssr.stats.drafts == 0 and len(ssr.reasoning_ids) <= 4
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+def test_end_of_sequence_inside_a_draft(arch):
+    lm = model(arch)
+    cfg = RunConfig(**SMALL, draft_start=2)
+    probe = final(decode_ssr(lm, PROMPTS[1], cfg))
+    eos = probe.drafts[0][4]  # a token the draft writes: now it ends the draft there
+    steered = with_tokens(lm, eos=eos)
+    ssr = assert_same(steered, PROMPTS[1], cfg)
+    assert len(ssr.drafts[0]) < len(probe.drafts[0])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_stray_end_of_thinking_in_draft_and_answer(arch):
+    lm = model(arch)
+    cfg = RunConfig(**SMALL, draft_start=2)
+    probe = final(decode_ssr(lm, PROMPTS[2], cfg))
+    stray = probe.drafts[0][3]  # the draft writes this token: make it the end-of-thinking marker
+    steered = with_tokens(lm, close=stray)
+    assert_same(steered, PROMPTS[2], cfg)
+
+
+def test_draft_always_right_is_taken_whole():
+    lm = current_token_only(make_model("llama", seed=3, init_scale=3.0))
+    cfg = RunConfig(**{**SMALL, "max_draft": 40}, draft_start=4, max_spec=8)
+    ssr = assert_same(lm, PROMPTS[0], cfg)
+    assert ssr.stats.accepted >= min(len(ssr.drafts[0]), cfg.max_answer) - 3
+    assert ssr.stats.forward_calls < final(decode_baseline(lm, PROMPTS[0], cfg)).stats.forward_calls
+
+
+def test_draft_always_wrong_still_exact():
+    lm = position_only(make_model("gpt2", seed=5))
+    cfg = RunConfig(**SMALL, draft_start=2, context_lookup=False)
+    ssr = assert_same(lm, PROMPTS[0], cfg)
+    assert ssr.stats.accepted == 0
+
+
+def test_several_drafts_all_recorded():
+    lm = model("llama")
+    cfg = RunConfig(**SMALL, draft_start=1, num_drafts=4, draft_interval=3)
+    ssr = assert_same(lm, PROMPTS[1], cfg)
+    assert ssr.stats.drafts == 4 and len(ssr.drafts) == 4
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    arch=st.sampled_from(ARCHS),
+    prompt=st.sampled_from(PROMPTS),
+    max_think=st.integers(1, 24),
+    draft_start=st.integers(0, 23),
+    max_draft=st.integers(1, 24),
+    num_drafts=st.integers(1, 3),
+    draft_interval=st.integers(1, 8),
+    max_spec=st.integers(1, 10),
+    min_match=st.integers(1, 3),
+    max_answer=st.integers(1, 24),
+    suffix=st.booleans(),
+    lookup=st.booleans(),
+)
+def test_property_random_settings(arch, prompt, max_think, draft_start, max_draft, num_drafts, draft_interval,
+                                  max_spec, min_match, max_answer, suffix, lookup):
+    if draft_start >= max_think:
+        draft_start = max_think - 1
+    cfg = RunConfig(max_think=max_think, draft_start=draft_start, max_draft=max_draft, num_drafts=num_drafts,
+                    draft_interval=draft_interval, max_spec=max_spec, min_match=min_match, max_answer=max_answer,
+                    suffix_recovery=suffix, context_lookup=lookup)
+    assert_same(model(arch), prompt, cfg)

@@ -1,0 +1,133 @@
+"""Tiny random models and an in-memory tokenizer for CPU tests (seconds, no downloads).
+
+Models run in float64 so that a batched or multi-token forward and a one-token forward agree to
+~1e-15: greedy ties cannot flip, and exact equality is a fair test of the logic.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from engine.model import LoadedModel, find_markers
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+
+# style "open": the generation prompt opens <think> (Qwen3.5, DeepSeek-R1-Distill);
+# style "model": it does not, the model would write it itself (Qwen3), so the engine opens it.
+TEMPLATES = {
+    "open": (
+        "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
+    ),
+    "model": (
+        "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+    ),
+}
+
+CORPUS = [
+    "class Garden: def __init__(self): self.rose = 16 return self.rose + self.tulip",
+    "Start with 7. 7 plus 5 is 12. 12 times 3 is 36. The result is \\boxed{36}.",
+    "The quick brown fox jumps over the lazy dog. héllo wörld naïve café 😀 日本語",
+] * 20
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer_json() -> str:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer=trainer)
+    return tok.to_str()
+
+
+def make_tokenizer(style: str = "open") -> PreTrainedTokenizerFast:
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_tokenizer_json()),
+                                  eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok.chat_template = TEMPLATES[style]
+    return tok
+
+
+def _config(arch: str, vocab: int):
+    common = dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=64, max_position_embeddings=512)
+    if arch == "llama":
+        return LlamaForCausalLM, LlamaConfig(num_key_value_heads=4, **common)
+    if arch == "llama-gqa":
+        return LlamaForCausalLM, LlamaConfig(num_key_value_heads=2, tie_word_embeddings=True,
+                                             **{**common, "num_hidden_layers": 3})
+    if arch == "qwen2":
+        return Qwen2ForCausalLM, Qwen2Config(num_key_value_heads=2, **common)
+    if arch == "qwen3":
+        return Qwen3ForCausalLM, Qwen3Config(num_key_value_heads=2, head_dim=8, **common)
+    if arch == "gpt2":
+        return GPT2LMHeadModel, GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=512)
+    raise ValueError(arch)
+
+
+ARCHS = ("llama", "llama-gqa", "qwen2", "qwen3", "gpt2")
+
+
+def make_model(arch: str = "llama", seed: int = 0, style: str = "open", dtype=torch.float64,
+               init_scale: float = 1.0):
+    """A random model of ``arch`` wrapped as a :class:`LoadedModel`. ``init_scale`` > 1 makes
+    the output distributions peakier (more varied greedy text, less uniform sampling)."""
+    tok = make_tokenizer(style)
+    cls, config = _config(arch, len(tok))
+    config.eos_token_id = tok.eos_token_id
+    config.pad_token_id = tok.pad_token_id
+    torch.manual_seed(seed)
+    model = cls(config).to(dtype).eval()
+    if init_scale != 1.0:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(init_scale)
+    return LoadedModel(model, tok, f"tiny-{arch}-{style}-{seed}", find_markers(tok))
+
+
+def with_tokens(lm: LoadedModel, eos: int | None = None, close: int | None = None) -> LoadedModel:
+    """The same model with a chosen token treated as end of sequence or end of thinking, to steer
+    a random model into the control-flow corners (an end inside a draft, a stray marker)."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    out = LoadedModel(lm.model, lm.tokenizer, lm.model_id, lm.markers)
+    if eos is not None:
+        out.eos_ids = frozenset({eos})
+    if close is not None:
+        out.markers = replace(lm.markers, close_id=close, close_ids=(close, *lm.markers.close_ids[1:]))
+    return out
+
+
+def current_token_only(lm: LoadedModel) -> LoadedModel:
+    """Zero every attention output projection: each position's logits depend on its own token
+    alone, so a draft's answer is always exactly the final answer (a draft always right)."""
+    with torch.no_grad():
+        for name, p in lm.model.named_parameters():
+            if name.endswith("o_proj.weight"):
+                p.zero_()
+    return lm
+
+
+def position_only(lm: LoadedModel) -> LoadedModel:
+    """GPT-2 with tiny token and large position embeddings: output depends on the absolute
+    position, so a draft written at earlier positions is almost always wrong."""
+    with torch.no_grad():
+        lm.model.transformer.wte.weight.mul_(0.001)
+        lm.model.transformer.wpe.weight.mul_(50.0)
+    return lm
