@@ -160,9 +160,13 @@ def load_model(name: str | None = None, device: str | None = None, dtype: str | 
     path, preset = resolve_model_path(name)
     dev = pick_device(device)
     torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if dev.type == "cuda" else torch.float32)
-    looks_local = path.startswith((".", "/", "~")) or os.path.sep in path and not _looks_like_hub_id(path)
-    if looks_local and not Path(path).expanduser().is_dir():
-        raise ModelLoadError(f"model folder {path!r} does not exist")
+    local = Path(path).expanduser()
+    if local.exists():
+        path = str(local)
+        if not (local / "config.json").is_file():
+            raise ModelLoadError(f"{path!r} is not a model folder (no config.json)")
+    elif path.startswith((".", "/", "~")) or path.count("/") != 1:
+        raise ModelLoadError(f"model folder {path!r} does not exist (and it is not a Hub id like 'Qwen/Qwen3-0.6B')")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code)
@@ -179,8 +183,3 @@ def load_model(name: str | None = None, device: str | None = None, dtype: str | 
     if dev.type != "cuda":
         model = model.to(dev)
     return LoadedModel(model, tokenizer, name or "tiny-reasoner", find_markers(tokenizer, preset), preset)
-
-
-def _looks_like_hub_id(path: str) -> bool:
-    parts = path.split("/")
-    return len(parts) == 2 and all(parts) and not Path(path).exists()

@@ -98,11 +98,12 @@ class Recorder:
         detok = self._detok.get(key)
         return detok.text + detok.flush() if detok else ""
 
-    def done(self) -> DoneEvent:
+    def done(self, wall_s: float | None = None) -> DoneEvent:
+        """End the run; ``wall_s`` overrides the measured wall time (for runs replayed post hoc)."""
         self._close_phase()
         self._phase = None
         s = self.stats
-        s.wall_s = self.now()
+        s.wall_s = self.now() if wall_s is None else wall_s
         s.tokens_per_s = (s.reasoning_tokens + s.answer_tokens) / s.wall_s if s.wall_s > 0 else 0.0
         if self.device is not None and self.device.type == "cuda":
             s.peak_memory_mb = torch.cuda.max_memory_allocated(self.device) / 2**20

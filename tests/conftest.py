@@ -1,5 +1,13 @@
-"""Tiny models gain nothing from intra-op threads and lose a lot to oversubscription."""
+"""Test-wide settings: never reach a hub, and one intra-op thread.
 
-import torch
+Tiny models gain nothing from intra-op threads and lose a lot to oversubscription.
+"""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # set before transformers / huggingface_hub are imported
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import torch  # noqa: E402
 
 torch.set_num_threads(1)

@@ -1,0 +1,172 @@
+"""Benchmark CLI: methods side by side on the same prompts, interleaved, with ratios to baseline.
+
+    python -m engine.bench --model PATH_OR_ID --methods baseline,ssr,hf,hf-pld \\
+        --prompts FILE.jsonl --out results.json [--db runs.db] [--draft-start N] [--max-think N]
+        [--max-draft N] [--max-answer N] [--num-drafts N] [--draft-interval N] [--temperature T]
+        [--seed S] [--repeat R] [--device D]
+
+Prompts are JSON lines ``{"id": ..., "prompt": ..., "reference": optional, "suite": optional}``;
+each prompt is the user message, templated by the engine. For every prompt and repeat the methods
+run one after another (A B A B ...), so ratios hold on a noisy machine. ``results.json`` holds
+``{"runs": [...], "summary": [...]}``: per method the median latency, the median per-prompt latency
+ratio to ``baseline`` (per prompt, the median over repeats), the accuracy where a checker applies,
+and for greedy runs how many answers equal baseline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from engine.config import RunConfig
+from engine.events import DoneEvent
+from engine.methods import METHODS, get_method
+from engine.model import ModelLoadError, SSRUnsupportedError, load_model
+from engine.runlog import RunLog, RunMeta
+from engine.synthetic import check
+
+# CLI flag -> RunConfig field; a flag left out keeps the config's own default
+CONFIG_FLAGS = {"draft_start": int, "max_think": int, "max_draft": int, "max_answer": int, "num_drafts": int,
+                "draft_interval": int, "max_spec": int, "min_match": int, "temperature": float, "top_p": float,
+                "seed": int}
+
+
+def read_prompts(path: str) -> list[dict]:
+    """Validated prompt records; a clear ValueError names the line that is wrong."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"prompts file {path!r} does not exist")
+    prompts = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{n}: not valid JSON ({err.msg})") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str) or not rec["prompt"].strip():
+            raise ValueError(f"{path}:{n}: each line needs a non-empty string field \"prompt\"")
+        rec.setdefault("id", str(n))
+        rec["id"] = str(rec["id"])
+        prompts.append(rec)
+    if not prompts:
+        raise ValueError(f"prompts file {path!r} has no prompts")
+    return prompts
+
+
+def run_one(lm, method: str, prompt: dict, cfg: RunConfig, repeat: int, log: RunLog | None) -> dict:
+    decode = get_method(method)
+    meta = RunMeta(method, lm.model_id, prompt["prompt"], cfg.to_dict(), prompt_id=prompt["id"],
+                   reference=prompt.get("reference"), origin="bench", device=str(lm.device))
+    events = list(log.record(decode(lm, prompt["prompt"], cfg), meta) if log else decode(lm, prompt["prompt"], cfg))
+    done: DoneEvent = events[-1]
+    s = done.stats
+    run = {"method": method, "prompt_id": prompt["id"], "repeat": repeat, "latency_s": s.wall_s, "ttft_s": s.ttft_s,
+           "reasoning_tokens": s.reasoning_tokens, "answer_tokens": s.answer_tokens, "accepted": s.accepted,
+           "recovered": s.recovered, "rejected": s.rejected, "generated": s.generated, "drafts": s.drafts,
+           "forward_calls": s.forward_calls, "tokens_per_s": s.tokens_per_s, "flops": s.flops,
+           "steps_accepted": s.steps_accepted, "steps_rejected": s.steps_rejected,
+           "answer_text": done.answer_text, "answer_token_ids": done.answer_ids,
+           "reasoning_token_ids": done.reasoning_ids}
+    if prompt.get("reference") is not None:
+        correct = check(prompt.get("suite"), done.answer_text, str(prompt["reference"]))
+        if correct is not None:
+            run["correct"] = correct
+    return run
+
+
+def summarize(runs: list[dict], greedy: bool) -> list[dict]:
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    by = {}
+    for r in runs:
+        by.setdefault((r["method"], r["prompt_id"]), []).append(r)
+    prompts = list(dict.fromkeys(r["prompt_id"] for r in runs))
+    summary = []
+    for m in methods:
+        mine = [r for r in runs if r["method"] == m]
+        row = {"method": m, "runs": len(mine),
+               "median_latency_s": statistics.median(r["latency_s"] for r in mine),
+               "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in mine)}
+        if "baseline" in methods:
+            ratios = [statistics.median(r["latency_s"] for r in by[(m, p)]) /
+                      statistics.median(r["latency_s"] for r in by[("baseline", p)]) for p in prompts]
+            row["median_latency_ratio_to_baseline"] = statistics.median(ratios)
+            if greedy:
+                row["answers_equal_baseline"] = sum(
+                    by[(m, p)][0]["answer_token_ids"] == by[("baseline", p)][0]["answer_token_ids"] for p in prompts)
+        checked = [r["correct"] for r in mine if "correct" in r]
+        if checked:
+            row["accuracy"] = sum(checked) / len(checked)
+        row["median_accepted"] = statistics.median(r["accepted"] for r in mine)
+        row["median_recovered"] = statistics.median(r["recovered"] for r in mine)
+        summary.append(row)
+    return summary
+
+
+def format_table(summary: list[dict]) -> str:
+    cols = [("method", "method", "{}"), ("median_latency_s", "latency s", "{:.3f}"),
+            ("median_latency_ratio_to_baseline", "ratio", "{:.3f}"), ("median_tokens_per_s", "tok/s", "{:.1f}"),
+            ("median_accepted", "accepted", "{:.0f}"), ("median_recovered", "recovered", "{:.0f}"),
+            ("answers_equal_baseline", "= baseline", "{}"), ("accuracy", "accuracy", "{:.1%}")]
+    cols = [c for c in cols if any(c[0] in row for row in summary)]
+    cells = [[h for _, h, _ in cols]] + [[f.format(row[k]) if row.get(k) is not None else "-" for k, _, f in cols]
+                                          for row in summary]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="tiny-reasoner", help="bundled name, preset, local folder or Hub id")
+    ap.add_argument("--methods", default="baseline,ssr", help=f"comma-separated, from {','.join(METHODS)}")
+    ap.add_argument("--prompts", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--db", default=None, help="also log every run to this SQLite file")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs before measuring")
+    ap.add_argument("--device", default=None)
+    for name, kind in CONFIG_FLAGS.items():
+        ap.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        for m in methods:
+            get_method(m)
+        if args.repeat < 1:
+            raise ValueError(f"--repeat={args.repeat} must be >= 1")
+        cfg = RunConfig(**{k: getattr(args, k) for k in CONFIG_FLAGS if getattr(args, k) is not None})
+        prompts = read_prompts(args.prompts)
+        log = RunLog(args.db) if args.db else None
+        lm = load_model(args.model, device=args.device)
+        if "ssr" in methods:
+            lm.require_markers()
+    except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for _ in range(args.warmup):
+        for m in methods:
+            list(get_method(m)(lm, prompts[0]["prompt"], cfg))
+    runs = []
+    for prompt in prompts:
+        for rep in range(args.repeat):
+            for m in methods:
+                runs.append(run_one(lm, m, prompt, cfg, rep, log))
+                r = runs[-1]
+                print(f"  {prompt['id']:>14} r{rep} {m:>8}: {r['latency_s']:.3f}s  acc {r['accepted']} "
+                      f"rec {r['recovered']}" + (f"  correct={r['correct']}" if "correct" in r else ""), flush=True)
+    summary = summarize(runs, cfg.greedy)
+    Path(args.out).write_text(json.dumps({"model": args.model, "config": cfg.to_dict(), "runs": runs,
+                                          "summary": summary}, indent=1))
+    print(format_table(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The bench CLI on a local model folder: interface, results.json, runs table, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine import bench
+from engine.model import ModelLoadError, load_model
+from engine.runlog import RunLog
+from tests.tiny import make_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-model")
+    lm = make_model("qwen3", seed=2, init_scale=3.0)
+    lm.model.float().save_pretrained(path)
+    lm.tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "a", "prompt": "hello world"},
+        {"id": "b", "prompt": "Start with 7", "reference": "12", "suite": "arithmetic"},
+    ]))
+    return path
+
+
+def test_bench_end_to_end(model_dir, prompts, tmp_path, capsys):
+    out, db = tmp_path / "results.json", tmp_path / "runs.db"
+    code = bench.main(["--model", str(model_dir), "--methods", "baseline,ssr,hf,hf-pld", "--prompts", str(prompts),
+                       "--out", str(out), "--db", str(db), "--draft-start", "3", "--max-think", "12",
+                       "--max-draft", "8", "--max-answer", "10", "--repeat", "2", "--warmup", "0"])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert len(result["runs"]) == 2 * 2 * 4
+    required = {"method", "prompt_id", "repeat", "latency_s", "ttft_s", "reasoning_tokens", "answer_tokens", "accepted",
+                "recovered", "rejected", "answer_text", "answer_token_ids", "reasoning_token_ids"}
+    for run in result["runs"]:
+        assert required <= set(run)
+    assert [r["method"] for r in result["runs"][:8]] == ["baseline", "ssr", "hf", "hf-pld"] * 2  # interleaved
+    assert "correct" in [r for r in result["runs"] if r["prompt_id"] == "b"][0]
+    summary = {row["method"]: row for row in result["summary"]}
+    assert summary["baseline"]["median_latency_ratio_to_baseline"] == 1.0
+    assert summary["ssr"]["answers_equal_baseline"] == 2
+    logged = RunLog(db).runs(limit=100)
+    assert len(logged) == 16 and {r["origin"] for r in logged} == {"bench"}
+    assert "ratio" in capsys.readouterr().out
+
+
+def test_hf_peer_splits_at_the_marker_and_matches_baseline(model_dir, prompts, tmp_path):
+    """Without budget forcing in play, generate() and our loop write the same tokens."""
+    out = tmp_path / "r.json"
+    assert bench.main(["--model", str(model_dir), "--methods", "baseline,hf", "--prompts", str(prompts), "--out",
+                       str(out), "--max-think", "40", "--draft-start", "3", "--max-answer", "6", "--warmup", "0"]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    for base, hf in zip(runs[::2], runs[1::2]):
+        n = len(base["reasoning_token_ids"])
+        if n <= 40:  # the model closed its thoughts by itself: generate() must agree exactly
+            assert hf["reasoning_token_ids"][:n] == base["reasoning_token_ids"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--methods", "baseline,warp"], "unknown method 'warp'"),
+    (["--max-think", "0"], "max_think=0"),
+    (["--draft-start", "5000"], "draft_start=5000 must be < max_think"),
+    (["--repeat", "0"], "--repeat=0"),
+])
+def test_bad_arguments_fail_cleanly(model_dir, prompts, tmp_path, capsys, args, message):
+    code = bench.main(["--model", str(model_dir), "--prompts", str(prompts), "--out", str(tmp_path / "o.json"), *args])
+    assert code == 2 and message in capsys.readouterr().err
+
+
+def test_bad_prompt_files(model_dir, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 1, "prompt": "ok"}\n{not json}\n')
+    assert bench.main(["--model", str(model_dir), "--prompts", str(bad), "--out", str(tmp_path / "o.json")]) == 2
+    assert "bad.jsonl:2: not valid JSON" in capsys.readouterr().err
+    bad.write_text('{"id": 1}\n')
+    assert bench.main(["--model", str(model_dir), "--prompts", str(bad), "--out", str(tmp_path / "o.json")]) == 2
+    assert 'needs a non-empty string field "prompt"' in capsys.readouterr().err
+
+
+def test_missing_models_name_the_id(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_model(str(tmp_path / "nope"))
+    with pytest.raises(ModelLoadError, match="'someone/not-a-model'"):
+        load_model("someone/not-a-model")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model(str(tmp_path / "empty"))
+
+
+def test_model_without_markers_plain_works_ssr_explains(model_dir, tmp_path):
+    from engine.baseline import decode_baseline
+    from engine.config import RunConfig
+    from engine.model import SSRUnsupportedError
+    from engine.ssr import decode_ssr
+
+    lm = load_model(str(model_dir))
+    lm.markers = None
+    cfg = RunConfig(max_think=5, draft_start=1, max_answer=5)
+    done = list(decode_baseline(lm, "hi", cfg))[-1]
+    assert done.reasoning_ids == [] and len(done.answer_ids) > 0
+    with pytest.raises(SSRUnsupportedError, match="SSR needs a reasoning model with an end-of-thinking marker"):
+        list(decode_ssr(lm, "hi", cfg))
