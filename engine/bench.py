@@ -69,6 +69,7 @@ def run_one(lm, method: str, prompt: dict, cfg: RunConfig, repeat: int, log: Run
            "recovered": s.recovered, "rejected": s.rejected, "generated": s.generated, "drafts": s.drafts,
            "forward_calls": s.forward_calls, "tokens_per_s": s.tokens_per_s, "flops": s.flops,
            "steps_accepted": s.steps_accepted, "steps_rejected": s.steps_rejected,
+           "step_s_alone": s.step_s_alone, "step_s_drafting": s.step_s_drafting,
            "answer_text": done.answer_text, "answer_token_ids": done.answer_ids,
            "reasoning_token_ids": done.reasoning_ids}
     if prompt.get("reference") is not None:
@@ -100,6 +101,9 @@ def summarize(runs: list[dict], greedy: bool) -> list[dict]:
         checked = [r["correct"] for r in mine if "correct" in r]
         if checked:
             row["accuracy"] = sum(checked) / len(checked)
+        step_ratios = [r["step_s_drafting"] / r["step_s_alone"] for r in mine if r["step_s_drafting"] and r["step_s_alone"]]
+        if step_ratios:
+            row["median_step_ratio_with_draft"] = statistics.median(step_ratios)
         row["median_accepted"] = statistics.median(r["accepted"] for r in mine)
         row["median_recovered"] = statistics.median(r["recovered"] for r in mine)
         summary.append(row)
@@ -110,7 +114,8 @@ def format_table(summary: list[dict]) -> str:
     cols = [("method", "method", "{}"), ("median_latency_s", "latency s", "{:.3f}"),
             ("median_latency_ratio_to_baseline", "ratio", "{:.3f}"), ("median_tokens_per_s", "tok/s", "{:.1f}"),
             ("median_accepted", "accepted", "{:.0f}"), ("median_recovered", "recovered", "{:.0f}"),
-            ("answers_equal_baseline", "= baseline", "{}"), ("accuracy", "accuracy", "{:.1%}")]
+            ("answers_equal_baseline", "= baseline", "{}"), ("accuracy", "accuracy", "{:.1%}"),
+            ("median_step_ratio_with_draft", "step x draft", "{:.2f}")]
     cols = [c for c in cols if any(c[0] in row for row in summary)]
     cells = [[h for _, h, _ in cols]] + [[f.format(row[k]) if row.get(k) is not None else "-" for k, _, f in cols]
                                           for row in summary]
@@ -128,6 +133,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs before measuring")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     for name, kind in CONFIG_FLAGS.items():
         ap.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
     return ap.parse_args(argv)
@@ -135,6 +141,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.threads:
+        import torch  # noqa: PLC0415
+
+        torch.set_num_threads(args.threads)
     try:
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         for m in methods:

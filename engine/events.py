@@ -71,6 +71,9 @@ class RunStats:
     forward_calls: int = 0
     tokens_per_s: float = 0.0  # (reasoning + answer tokens) / wall time
     peak_memory_mb: float | None = None
+    # SSR: mean seconds per reasoning step with no draft live / with drafts riding in the batch
+    step_s_alone: float | None = None
+    step_s_drafting: float | None = None
     # RSD accounting (zero for other methods)
     flops: float = 0.0
     steps_accepted: int = 0

@@ -66,8 +66,19 @@ def find_markers(tokenizer, preset: Preset | None = None) -> ThinkMarkers | None
     if len(close) != 1 or tokenizer.convert_ids_to_tokens(close[0]) in (None, tokenizer.unk_token):
         return None
     open_ids = tokenizer.encode(open_text, add_special_tokens=False)
-    tail_ids = tokenizer.encode(tail, add_special_tokens=False) if tail else []
-    return ThinkMarkers(tuple(open_ids), close[0], (close[0], *tail_ids))
+    return ThinkMarkers(tuple(open_ids), close[0], (close[0], *_tail_ids(tokenizer, tail)))
+
+
+def _tail_ids(tokenizer, tail: str) -> list[int]:
+    """The tail's tokens as they come out when an answer follows it: byte-level tokenizers split
+    whitespace differently before text ("\n" "\n" "Answer") than at the end of a string ("\n\n")."""
+    if not tail:
+        return []
+    follower = tokenizer.encode("Answer", add_special_tokens=False)
+    in_context = tokenizer.encode(tail + "Answer", add_special_tokens=False)
+    if in_context[len(in_context) - len(follower):] == follower:
+        return in_context[: len(in_context) - len(follower)]
+    return tokenizer.encode(tail, add_special_tokens=False)
 
 
 class LoadedModel:

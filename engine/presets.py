@@ -34,3 +34,14 @@ PRESETS: dict[str, Preset] = {
     "deepseek-r1-distill-qwen-1.5b": Preset("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"),
     "deepseek-r1-distill-qwen-7b": Preset("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"),
 }
+
+# SSR settings tuned per model, under RunConfig's paper defaults (which suit real models: their
+# chains of thought run to thousands of tokens, ours to a few hundred).
+RECOMMENDED: dict[str, dict] = {
+    "tiny-reasoner": dict(draft_start=60, max_think=600, max_draft=400, max_answer=400),
+}
+
+
+def recommended_settings(model: str) -> dict:
+    """Settings that override RunConfig's defaults for ``model`` (empty for most models)."""
+    return dict(RECOMMENDED.get(model, {}))

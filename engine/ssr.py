@@ -25,6 +25,7 @@ from another), and verification is the speculative-sampling rule (see ``engine.s
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import torch
@@ -78,7 +79,9 @@ def _reason_and_draft(s: _State, markers) -> Iterator[Event]:
     yield rec.phase("reasoning")
     rows: list[Draft] = []  # live drafts, in batch order after the main row
     n, forced = 0, []
+    step_times: dict[bool, list[float]] = {False: [], True: []}  # per reasoning step, without / with drafts
     while True:
+        t_step = time.perf_counter()
         # 1. fork: a new row copies the main row and will be fed the end-of-thinking marker
         if len(s.drafts) < cfg.num_drafts and n == cfg.draft_start + len(s.drafts) * cfg.draft_interval:
             d = Draft(len(s.drafts), n, list(markers.close_ids))
@@ -128,6 +131,9 @@ def _reason_and_draft(s: _State, markers) -> Iterator[Event]:
         s.logits = lm.forward(torch.tensor(inputs, device=lm.device)[:, None], s.cache, s.length)[:, -1]  # [rows, V]
         rec.forward()
         s.length += 1
+        step_times[bool(rows)].append(time.perf_counter() - t_step)
+    rec.stats.step_s_alone = _mean(step_times[False])
+    rec.stats.step_s_drafting = _mean(step_times[True])
     # 5. reasoning over: live drafts are frozen as they are; the main row goes on alone
     if rows:
         s.cache.batch_select_indices(torch.tensor([0], device=lm.device))
@@ -186,3 +192,7 @@ def _answer(s: _State) -> Iterator[Event]:
         s.answer.append(nxt)
         s.index.extend("answer", [nxt])
         s.unfed = [nxt]
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None

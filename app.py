@@ -1,0 +1,36 @@
+"""Launch the SSR Studio.
+
+    python app.py [--model NAME_OR_PATH] [--host 127.0.0.1] [--port 7860] [--share] [--db runs.db]
+
+With no flags it runs offline on the bundled tiny models. Nothing heavy happens at import:
+the model loads on the first run and stays cached.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ssr_ui.layout import CSS, build_app
+from ssr_ui.handlers import Studio
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description="SSR Studio")
+    ap.add_argument("--model", default="tiny-reasoner", help="bundled name, preset, local folder or Hub id")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=7860)
+    ap.add_argument("--share", action="store_true", help="create a public gradio.live link")
+    ap.add_argument("--db", default="runs.db", help="SQLite run log")
+    ap.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    demo = build_app(Studio(args.model, args.db, args.device))
+    demo.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, share=args.share,
+                                                   css=CSS)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Plain-function handlers behind the studio, testable without a server.
+
+:class:`Studio` holds the lazily loaded models (cached between runs, one lock so that browser
+tabs queue for the model), the run log, and the streaming ``run`` handler: it consumes an
+engine event stream, logs it, and yields pane HTML at most ``UPDATES_PER_S`` times a second.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from engine.config import RunConfig
+from engine.methods import get_method
+from engine.model import LoadedModel, ModelLoadError, SSRUnsupportedError, load_model
+from engine.presets import recommended_settings
+from engine.runlog import RunLog, RunMeta, prompt_hash
+from ssr_ui import charts
+from ssr_ui.render import TraceView, error_html, metrics_html
+
+UPDATES_PER_S = 12
+METHOD_NAMES = {"Baseline": "baseline", "SSR": "ssr"}
+MODES = ("Baseline", "SSR", "Compare")
+
+
+@dataclass
+class Frame:
+    """One UI update: the three panes, the metrics strip and (after Compare) a chart."""
+
+    reasoning: str
+    draft: str
+    answer: str
+    metrics: str
+    chart: object = None
+
+    def as_tuple(self):
+        return self.reasoning, self.draft, self.answer, self.metrics, self.chart
+
+
+class Studio:
+    def __init__(self, model: str | None = None, db: str = "runs.db", device: str | None = None) -> None:
+        self.default_model = model or "tiny-reasoner"
+        self.device = device
+        self.log = RunLog(db)
+        self._models: dict[str, LoadedModel] = {}
+        self._lock = threading.Lock()  # one run on the model at a time
+
+    def model(self, name: str) -> LoadedModel:
+        name = (name or self.default_model).strip()
+        if name not in self._models:
+            self._models[name] = load_model(name, device=self.device)
+        return self._models[name]
+
+    def config(self, model_name: str, **settings) -> RunConfig:
+        """The run's config: the model's recommended settings under what the user set."""
+        return RunConfig(**{**recommended_settings(model_name or self.default_model), **settings})
+
+    # ------------------------------------------------------------------ the streaming handler
+    def run(self, prompt: str, method: str = "SSR", model_name: str = "", **settings) -> Iterator[Frame]:
+        """Stream a run (or, for "Compare", baseline then SSR) as UI frames; errors become a
+        message in the metrics strip, never an exception in the page."""
+        view = TraceView()
+        try:
+            if not prompt or not prompt.strip():
+                raise ValueError("type a prompt first")
+            if method not in MODES:
+                raise ValueError(f"unknown method {method!r}; choose one of {', '.join(MODES)}")
+            cfg = self.config(model_name, **settings)
+            yield Frame(view.reasoning_html(), view.draft_html(), view.answer_html(),
+                        '<div class="metrics">loading the model…</div>')
+            with self._lock:
+                lm = self.model(model_name)
+                runs = ["Baseline", "SSR"] if method == "Compare" else [method]
+                latencies = {}
+                for name in runs:
+                    view = TraceView()
+                    for frame in self._stream(lm, prompt, name, cfg, view):
+                        yield frame
+                    latencies[name] = view.stats.wall_s if view.stats else None
+                chart = charts.latency_bars(latencies) if method == "Compare" else None
+                yield self._frame(view, runs[-1], lm, prompt, cfg, final=True, chart=chart)
+        except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
+            yield Frame(view.reasoning_html(), view.draft_html(), view.answer_html(), error_html(str(err)))
+
+    def _stream(self, lm, prompt, name, cfg, view) -> Iterator[Frame]:
+        method = METHOD_NAMES[name]
+        if method == "ssr":
+            lm.require_markers()
+        meta = RunMeta(method, lm.model_id, prompt, cfg.to_dict(), device=str(lm.device))
+        last = 0.0
+        for ev in self.log.record(get_method(method)(lm, prompt, cfg), meta):
+            view.apply(ev)
+            now = time.perf_counter()
+            if now - last >= 1.0 / UPDATES_PER_S:
+                last = now
+                yield self._frame(view, name, lm, prompt, cfg)
+
+    def _frame(self, view, name, lm, prompt, cfg, final=False, chart=None) -> Frame:
+        compare = self.compare_to_baseline(view, lm.model_id, prompt, cfg) if final and name != "Baseline" else None
+        return Frame(view.reasoning_html(), view.draft_html(), view.answer_html(),
+                     metrics_html(view, name, compare), chart)
+
+    def compare_to_baseline(self, view: TraceView, model_id: str, prompt: str, cfg: RunConfig) -> dict | None:
+        """Latency ratio to the latest baseline run of the same prompt and model, and (greedy)
+        whether the answer is identical."""
+        if view.done is None:
+            return None
+        rows = [r for r in self.log.runs(limit=50, method="baseline", prompt_hash=prompt_hash(prompt), model=model_id)
+                if r["status"] == "ok"]
+        if not rows or not rows[0]["wall_s"]:
+            return None
+        base = rows[0]
+        identical = view.done.answer_text == base["answer_text"] if cfg.greedy else None
+        return {"ratio": view.done.stats.wall_s / base["wall_s"], "identical": identical}
+
+    # ------------------------------------------------------------------ history
+    def history(self, method: str = "all", limit: int = 200) -> list[dict]:
+        filters = {} if method in ("", "all", None) else {"method": method}
+        return self.log.runs(limit=limit, **filters)
+
+    def replay(self, run_id: int) -> Frame:
+        """Re-render a past run from its logged events."""
+        view = TraceView()
+        row = self.log.run(int(run_id))
+        for ev in self.log.events(int(run_id)):
+            view.apply(ev)
+        view.phase = row["status"]
+        return Frame(view.reasoning_html(), view.draft_html(), view.answer_html(),
+                     metrics_html(view, row["method"]))

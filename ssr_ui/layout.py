@@ -1,0 +1,139 @@
+"""The studio's Gradio layout and wiring. No model loads here: models load on the first run.
+
+Pure builders live in ``render`` and ``charts``, handlers in ``handlers``; this module only lays
+out components and connects them. The streaming run has ``api_name="run"`` with parameters
+``prompt`` and ``method`` ("Baseline", "SSR", "Compare") first and the rest defaulted, so it can
+be driven by ``gradio_client``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+
+from engine.config import RunConfig
+from engine.synthetic import EVAL_SEED_BASE, make_example
+from ssr_ui import charts
+from ssr_ui.handlers import MODES, Studio
+from ssr_ui.render import LEGEND, TraceView
+
+CSS = (Path(__file__).resolve().parents[1] / "assets" / "studio.css").read_text()
+HISTORY_COLUMNS = ["id", "created_at", "method", "model", "status", "wall_s", "ttft_s", "reasoning_tokens",
+                   "answer_tokens", "accepted", "recovered", "generated", "rejected", "tokens_per_s", "prompt"]
+
+
+def examples() -> list[list[str]]:
+    bundled = [make_example("classes", EVAL_SEED_BASE + i).prompt for i in range(3)]
+    bundled += [make_example("arithmetic", EVAL_SEED_BASE + i).prompt for i in range(2)]
+    real = ["Write a Python class Stack with push, pop, peek and is_empty methods, with docstrings.",
+            "Convert this list into a markdown table with columns name and age: Ann 31, Bo 45, Cy 27."]
+    return [[p] for p in bundled + real]
+
+
+def build_app(studio: Studio) -> gr.Blocks:
+    cfg = studio.config(studio.default_model)
+    empty = TraceView()
+    with gr.Blocks(title="SSR Studio") as demo:
+        gr.Markdown("## SSR Studio: self-speculation for reasoning models, shown token by token")
+        with gr.Tab("Run"):
+            with gr.Row():
+                with gr.Column(scale=3):
+                    prompt = gr.Textbox(label="Prompt", lines=4, placeholder="Ask the reasoning model something")
+                with gr.Column(scale=2):
+                    method = gr.Radio(list(MODES), value="SSR", label="Method")
+                    model = gr.Textbox(value=studio.default_model, label="Model",
+                                       info="bundled name, preset (qwen3-0.6b, ...), local folder or Hub id")
+                    with gr.Row():
+                        run_btn = gr.Button("Run", variant="primary")
+                        stop_btn = gr.Button("Stop", variant="stop")
+            gr.Examples(examples(), inputs=[prompt], label="Examples")
+            draft_start = gr.Slider(0, 2000, value=cfg.draft_start, step=1, label="Draft start (reasoning tokens)")
+            with gr.Accordion("SSR settings", open=False):
+                with gr.Row():
+                    max_think = gr.Number(value=cfg.max_think, precision=0, label="Max think")
+                    max_draft = gr.Number(value=cfg.max_draft, precision=0, label="Max draft")
+                    max_answer = gr.Number(value=cfg.max_answer, precision=0, label="Max answer")
+                with gr.Row():
+                    num_drafts = gr.Number(value=cfg.num_drafts, precision=0, label="Number of drafts")
+                    draft_interval = gr.Number(value=cfg.draft_interval, precision=0, label="Draft interval")
+                    suffix = gr.Checkbox(value=cfg.suffix_recovery, label="Suffix recovery")
+                    lookup = gr.Checkbox(value=cfg.context_lookup, label="Context lookup")
+                with gr.Row():
+                    temperature = gr.Slider(0, 2, value=cfg.temperature, step=0.05, label="Temperature (0 = greedy)")
+                    seed = gr.Number(value=cfg.seed, precision=0, label="Seed")
+            gr.HTML(LEGEND)
+            metrics = gr.HTML('<div class="metrics">ready</div>')
+            with gr.Row(equal_height=False):
+                with gr.Column():
+                    gr.Markdown("**Reasoning**")
+                    reasoning_pane = gr.HTML(empty.reasoning_html())
+                with gr.Column():
+                    gr.Markdown("**Draft**")
+                    draft_pane = gr.HTML(empty.draft_html())
+                with gr.Column():
+                    gr.Markdown("**Final answer**")
+                    answer_pane = gr.HTML(empty.answer_html())
+            chart = gr.Plot(label="Compare", visible=True)
+
+        with gr.Tab("History"):
+            with gr.Row():
+                method_filter = gr.Dropdown(["all", "baseline", "ssr", "hf", "hf-pld"], value="all", label="Method")
+                refresh = gr.Button("Refresh")
+            table = gr.Dataframe(headers=HISTORY_COLUMNS, interactive=False, wrap=True)
+            with gr.Row():
+                run_id = gr.Number(label="Run id", precision=0)
+                show = gr.Button("Show this run")
+            with gr.Row():
+                h_reasoning, h_draft, h_answer = gr.HTML(), gr.HTML(), gr.HTML()
+            h_metrics = gr.HTML()
+            with gr.Row():
+                c_latency, c_tokens, c_speedup = gr.Plot(), gr.Plot(), gr.Plot()
+
+        # ------------------------------------------------------------------ wiring
+        def run(prompt: str, method: str = "SSR", model: str = "", draft_start: int = cfg.draft_start,
+                max_think: int = cfg.max_think, max_draft: int = cfg.max_draft, max_answer: int = cfg.max_answer,
+                num_drafts: int = cfg.num_drafts, draft_interval: int = cfg.draft_interval,
+                suffix_recovery: bool = cfg.suffix_recovery, context_lookup: bool = cfg.context_lookup,
+                temperature: float = cfg.temperature, seed: int = cfg.seed):
+            settings = dict(draft_start=draft_start, max_think=max_think, max_draft=max_draft, max_answer=max_answer,
+                            num_drafts=num_drafts, draft_interval=draft_interval, suffix_recovery=suffix_recovery,
+                            context_lookup=context_lookup, temperature=temperature, seed=seed)
+            settings = {k: _coerce(k, v) for k, v in settings.items() if v is not None}
+            for frame in studio.run(prompt, method, model, **settings):
+                yield frame.as_tuple()
+
+        run_event = run_btn.click(
+            run, [prompt, method, model, draft_start, max_think, max_draft, max_answer, num_drafts, draft_interval,
+                  suffix, lookup, temperature, seed],
+            [reasoning_pane, draft_pane, answer_pane, metrics, chart], api_name="run", concurrency_limit=1)
+        stop_btn.click(None, None, None, cancels=[run_event])
+
+        def load_history(method_name):
+            rows = studio.history(method_name)
+            return ([[r.get(c) for c in HISTORY_COLUMNS] for r in rows], charts.latency_by_method(rows),
+                    charts.token_composition(rows), charts.speedup_vs_draft_start(rows))
+
+        history_outputs = [table, c_latency, c_tokens, c_speedup]
+        refresh.click(load_history, [method_filter], history_outputs, api_name="history")
+        method_filter.change(load_history, [method_filter], history_outputs)
+
+        def show_run(rid):
+            if rid is None:
+                return "", "", "", '<div class="metrics error">enter a run id from the table</div>'
+            try:
+                return studio.replay(int(rid)).as_tuple()[:4]
+            except ValueError as err:
+                return "", "", "", f'<div class="metrics error">{err}</div>'
+
+        show.click(show_run, [run_id], [h_reasoning, h_draft, h_answer, h_metrics], api_name="replay")
+    return demo
+
+
+def _coerce(name: str, value):
+    kind = type(getattr(RunConfig(), name))
+    if kind is bool:
+        return bool(value)
+    if kind is int:
+        return int(value)
+    return float(value)

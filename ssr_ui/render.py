@@ -1,0 +1,149 @@
+"""Pure builders: a run's events -> the HTML of the three panes and the metrics strip.
+
+:class:`TraceView` folds the event stream into per-stream token lists (a draft token's status
+changes as verification decides) and renders them. Every piece of model or user text goes
+through ``html.escape``: a prompt or an output holding ``<script>`` shows as text.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+from engine.events import DoneEvent, PhaseEvent, RunStats, TokenEvent
+
+STATUS_LABEL = {"generated": "generated", "accepted": "accepted", "recovered": "suffix-recovered",
+                "rejected": "rejected"}
+
+
+@dataclass
+class Tok:
+    token_id: int
+    text: str
+    status: str
+    t: float
+    draft: int | None = None
+    source: str | None = None
+    match_len: int | None = None
+
+    def span(self) -> str:
+        tip = f"id {self.token_id} · {STATUS_LABEL[self.status]}"
+        if self.source:
+            where = f"draft {self.draft}" if self.source == "draft" and self.draft is not None else self.source
+            tip += f" · from {where}" + (f" (match {self.match_len})" if self.match_len else "")
+        tip += f" · {self.t:.2f}s"
+        return f'<span class="tok st-{self.status}" title="{html.escape(tip)}">{html.escape(self.text)}</span>'
+
+
+@dataclass
+class TraceView:
+    """The state of one run as the UI shows it, built from its events."""
+
+    reasoning: list[Tok] = field(default_factory=list)
+    answer: list[Tok] = field(default_factory=list)
+    drafts: dict[int, list[Tok]] = field(default_factory=dict)
+    draft_forks: dict[int, int] = field(default_factory=dict)  # draft -> reasoning tokens seen
+    phase: str = "waiting"
+    elapsed: float = 0.0
+    stats: RunStats | None = None
+    done: DoneEvent | None = None
+
+    def apply(self, ev) -> None:
+        if isinstance(ev, PhaseEvent):
+            if ev.phase == "drafting":
+                self.draft_forks[ev.draft] = ev.at_token
+                self.drafts.setdefault(ev.draft, [])
+            else:
+                self.phase = ev.phase
+        elif isinstance(ev, TokenEvent):
+            tok = Tok(ev.token_id, ev.text, ev.status, ev.t, ev.draft, ev.source, ev.match_len)
+            if ev.stream == "reasoning":
+                self.reasoning.append(tok)
+            elif ev.stream == "answer":
+                self.answer.append(tok)
+            else:
+                toks = self.drafts.setdefault(ev.draft, [])
+                if ev.position < len(toks):  # a verdict on an existing draft token
+                    toks[ev.position].status, toks[ev.position].source = ev.status, ev.source
+                    toks[ev.position].match_len = ev.match_len
+                else:
+                    toks.append(tok)
+        elif isinstance(ev, DoneEvent):
+            self.done, self.stats, self.phase = ev, ev.stats, "done"
+        self.elapsed = max(self.elapsed, getattr(ev, "t", 0.0) or 0.0)
+
+    # ------------------------------------------------------------------ panes
+    def reasoning_html(self) -> str:
+        spans = []
+        forks = sorted(self.draft_forks.items(), key=lambda kv: kv[1])
+        for i, tok in enumerate(self.reasoning):
+            for d, at in forks:
+                if at == i:
+                    spans.append(f'<span class="fork" title="draft {d} forked here">⑂ draft {d}</span>')
+            spans.append(tok.span())
+        for d, at in forks:
+            if at >= len(self.reasoning):
+                spans.append(f'<span class="fork" title="draft {d} forked here">⑂ draft {d}</span>')
+        return _pane(spans, "The reasoning appears here.")
+
+    def draft_html(self, which: int | None = None) -> str:
+        if not self.drafts:
+            return _pane([], "No draft yet: a draft forks at the draft-start token of the reasoning.")
+        which = max(self.drafts) if which is None or which not in self.drafts else which
+        head = f'<div class="pane-note">draft {which} · forked after {self.draft_forks.get(which, 0)} reasoning tokens</div>'
+        return head + _pane([t.span() for t in self.drafts[which]], "The draft is starting.")
+
+    def answer_html(self) -> str:
+        return _pane([t.span() for t in self.answer], "The answer appears when the reasoning ends.")
+
+    def counts(self) -> dict[str, int]:
+        out = {s: 0 for s in ("accepted", "recovered", "generated")}
+        for t in self.answer:
+            out[t.status] += 1
+        out["rejected"] = sum(t.status == "rejected" for toks in self.drafts.values() for t in toks)
+        return out
+
+
+def _pane(spans: list[str], empty: str) -> str:
+    body = "".join(spans) if spans else f'<span class="empty">{html.escape(empty)}</span>'
+    return f'<div class="pane">{body}</div>'
+
+
+LEGEND = (
+    '<div class="legend">'
+    '<span class="tok st-accepted">accepted</span> taken from the draft by prefix verification · '
+    '<span class="tok st-recovered">suffix-recovered</span> taken after a mismatch by suffix matching · '
+    '<span class="tok st-generated">generated</span> the model\'s own token · '
+    '<span class="tok st-rejected">rejected</span> proposed, not taken · '
+    '<span class="fork">⑂</span> where a draft forked'
+    "</div>"
+)
+
+
+def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> str:
+    """The live metrics strip; ``compare`` (after a run) holds the latest baseline of the same
+    prompt and model: ``{"ratio": float, "identical": bool | None}``."""
+    c = view.counts()
+    n_tokens = len(view.reasoning) + len(view.answer)
+    elapsed = view.stats.wall_s if view.stats else view.elapsed
+    rate = n_tokens / elapsed if elapsed > 0 else 0.0
+    answered = max(1, len(view.answer))
+    items = [
+        ("method", html.escape(method)), ("phase", html.escape(view.phase)), ("elapsed", f"{elapsed:.2f} s"),
+        ("tokens/s", f"{rate:.1f}"), ("reasoning", str(len(view.reasoning))), ("answer", str(len(view.answer))),
+        ("accepted", f"{c['accepted']} ({c['accepted'] / answered:.0%})"),
+        ("recovered", f"{c['recovered']} ({c['recovered'] / answered:.0%})"),
+        ("generated", str(c["generated"])), ("rejected", str(c["rejected"])),
+    ]
+    if view.stats and view.stats.ttft_s is not None:
+        items.insert(3, ("first answer token", f"{view.stats.ttft_s:.2f} s"))
+    if compare:
+        items.append(("vs baseline", f"{compare['ratio']:.2f}x latency"))
+        if compare.get("identical") is not None:
+            items.append(("same answer", "✔" if compare["identical"] else "✘ differs"))
+    cells = "".join(f'<div class="metric"><div class="k">{k}</div><div class="v">{v}</div></div>' for k, v in items)
+    return f'<div class="metrics">{cells}</div>'
+
+
+def error_html(message: str) -> str:
+    return f'<div class="metrics error">⚠ {html.escape(message)}</div>'
