@@ -74,7 +74,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                 with gr.Column():
                     gr.Markdown("**Final answer**")
                     answer_pane = gr.HTML(empty.answer_html())
-            chart = gr.Plot(label="Compare", visible=True)
+            chart = gr.Plot(label="Compare", visible=False)
 
         with gr.Tab("History"):
             with gr.Row():
@@ -101,7 +101,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                             context_lookup=context_lookup, temperature=temperature, seed=seed)
             settings = {k: _coerce(k, v) for k, v in settings.items() if v is not None}
             for frame in studio.run(prompt, method, model, **settings):
-                yield frame.as_tuple()
+                *panes, fig = frame.as_tuple()
+                yield (*panes, gr.update(value=fig, visible=fig is not None))
 
         run_event = run_btn.click(
             run, [prompt, method, model, draft_start, max_think, max_draft, max_answer, num_drafts, draft_interval,

@@ -79,11 +79,11 @@ class TraceView:
         for i, tok in enumerate(self.reasoning):
             for d, at in forks:
                 if at == i:
-                    spans.append(f'<span class="fork" title="draft {d} forked here">⑂ draft {d}</span>')
+                    spans.append(f'<span class="fork" title="draft {d} forked here">▼ draft {d}</span>')
             spans.append(tok.span())
         for d, at in forks:
             if at >= len(self.reasoning):
-                spans.append(f'<span class="fork" title="draft {d} forked here">⑂ draft {d}</span>')
+                spans.append(f'<span class="fork" title="draft {d} forked here">▼ draft {d}</span>')
         return _pane(spans, "The reasoning appears here.")
 
     def draft_html(self, which: int | None = None) -> str:
@@ -115,7 +115,7 @@ LEGEND = (
     '<span class="tok st-recovered">suffix-recovered</span> taken after a mismatch by suffix matching · '
     '<span class="tok st-generated">generated</span> the model\'s own token · '
     '<span class="tok st-rejected">rejected</span> proposed, not taken · '
-    '<span class="fork">⑂</span> where a draft forked'
+    '<span class="fork">▼</span> where a draft forked'
     "</div>"
 )
 

@@ -1,0 +1,98 @@
+"""End to end against the launched app: gradio_client streaming, and a real headless Chromium.
+
+The browser test needs Debian's chromium and the playwright package (``.ci/run`` installs both);
+its screenshots land in ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CLASS_PROMPT = ("Write a Python class Garden. Fields: rose, tulip, daisy. Each field starts at its letter count "
+                "times 3. Methods: total, reset.")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    """The studio on the bundled model, in its own process, on a free port."""
+    tmp = tmp_path_factory.mktemp("app")
+    port, db = _free_port(), tmp / "runs.db"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--db", str(db)], cwd=ROOT, env=env,
+                            stdout=open(tmp / "app.log", "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError((tmp / "app.log").read_text())
+            time.sleep(0.5)
+    yield url, db
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+def test_gradio_client_streams_a_run_into_the_log(app):
+    from gradio_client import Client
+
+    url, db = app
+    client = Client(url, verbose=False)
+    job = client.submit(prompt=CLASS_PROMPT, method="SSR", api_name="/run")
+    updates = sum(1 for _ in job)
+    reasoning, draft, answer, metrics, _chart = job.result()
+    assert updates >= 5, "the run should stream in many updates"
+    assert "done" in metrics and "st-" in answer
+    rows = sqlite3.connect(db).execute("select method, status, answer_tokens from runs").fetchall()
+    assert ("ssr", "ok") in [(m, s) for m, s, _ in rows]
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (.ci/run installs it)")
+def test_browser_runs_ssr_and_escapes_html(app):
+    from playwright.sync_api import sync_playwright
+
+    url, _db = app
+    ARTIFACTS.mkdir(exist_ok=True)
+    hostile = "<script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned = 2\"> " + CLASS_PROMPT
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--no-first-run", "--disable-sync"])
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.goto(url)
+
+        def run(prompt: str, shot: str) -> None:
+            page.get_by_label("Prompt").fill(prompt)
+            page.get_by_role("button", name="Run", exact=True).click()
+            page.wait_for_selector(".pane .tok", state="attached", timeout=60_000)
+            page.screenshot(path=str(ARTIFACTS / f"{shot}-mid-run.png"), full_page=True)
+            page.wait_for_function(
+                "[...document.querySelectorAll('.metrics .v')].some(v => v.innerText === 'done')", timeout=120_000)
+            page.screenshot(path=str(ARTIFACTS / f"{shot}-done.png"), full_page=True)
+
+        run(CLASS_PROMPT, "studio-ssr")
+        assert page.locator(".pane .tok.st-accepted").count() > 0, "no accepted span in the panes"
+        assert page.locator(".pane .tok.st-recovered").count() > 0, "no suffix-recovered span in the panes"
+        run(hostile, "studio-hostile")
+        assert page.evaluate("window.__pwned") is None
+        assert page.locator(".pane script").count() == 0 and page.locator(".pane img").count() == 0
+        browser.close()

@@ -1,0 +1,111 @@
+"""Studio builders and handlers as plain functions (no server): escaping, colours, errors, log."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import RunConfig
+from engine.events import PhaseEvent, TokenEvent
+from engine.ssr import decode_ssr
+from ssr_ui import charts
+from ssr_ui.handlers import Studio
+from ssr_ui.render import TraceView, metrics_html
+from tests.tiny import make_model
+
+SMALL = dict(draft_start=2, max_think=10, max_draft=8, max_answer=10)
+
+
+def test_token_text_and_titles_are_escaped():
+    view = TraceView()
+    view.apply(TokenEvent("answer", "generated", 5, "<script>alert(1)</script>", 0, 0.1))
+    view.apply(TokenEvent("answer", "recovered", 6, '<img src=x onerror="alert(2)">', 1, 0.2, 0, "draft", 3))
+    html = view.answer_html()
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<img" not in html and "&lt;img src=x onerror=&quot;alert(2)&quot;&gt;" in html
+    assert 'class="tok st-recovered"' in html and "from draft 0 (match 3)" in html
+
+
+def test_draft_verdicts_recolour_the_draft_token():
+    view = TraceView()
+    view.apply(PhaseEvent("drafting", 0.0, draft=0, at_token=4))
+    for i, text in enumerate(["a", "b", "c"]):
+        view.apply(TokenEvent("draft", "generated", i, text, i, 0.1, draft=0))
+    view.apply(TokenEvent("draft", "accepted", 0, "a", 0, 0.2, draft=0, source="draft"))
+    view.apply(TokenEvent("draft", "rejected", 1, "b", 1, 0.2, draft=0))
+    html = view.draft_html()
+    assert html.count("st-accepted") == 1 and html.count("st-rejected") == 1 and html.count("st-generated") == 1
+    assert "forked after 4 reasoning tokens" in html
+    assert view.counts()["rejected"] == 1
+
+
+def test_fork_marker_sits_in_the_reasoning():
+    view = TraceView()
+    for i in range(3):
+        view.apply(TokenEvent("reasoning", "generated", i, f"r{i}", i, 0.0))
+    view.apply(PhaseEvent("drafting", 0.0, draft=0, at_token=2))
+    html = view.reasoning_html()
+    assert html.index("r1") < html.index("▼ draft 0") < html.index("r2")
+
+
+@pytest.fixture
+def studio(tmp_path):
+    s = Studio("tiny", db=str(tmp_path / "runs.db"))
+    s._models["tiny"] = make_model("llama", init_scale=3.0)
+    return s
+
+
+def test_run_streams_logs_and_compares(studio):
+    baseline = list(studio.run("hello <b>world</b>", "Baseline", "tiny", **SMALL))
+    frames = list(studio.run("hello <b>world</b>", "SSR", "tiny", **SMALL))
+    assert len(frames) >= 2
+    assert "same answer" in frames[-1].metrics and "✔" in frames[-1].metrics
+    assert "vs baseline" in frames[-1].metrics
+    assert "<b>" not in frames[-1].answer
+    rows = studio.history()
+    assert [r["method"] for r in rows] == ["ssr", "baseline"] and all(r["status"] == "ok" for r in rows)
+    replay = studio.replay(rows[0]["id"])
+    assert replay.answer == frames[-1].answer
+    assert baseline[-1].metrics.count("vs baseline") == 0
+
+
+def test_compare_mode_runs_both_and_charts(studio):
+    frames = list(studio.run("hello", "Compare", "tiny", **SMALL))
+    assert frames[-1].chart is not None
+    assert [r["method"] for r in studio.history()] == ["ssr", "baseline"]
+
+
+@pytest.mark.parametrize("prompt, method, settings, message", [
+    ("", "SSR", {}, "type a prompt first"),
+    ("hi", "Warp", {}, "unknown method"),
+    ("hi", "SSR", {"max_think": 0}, "max_think=0"),
+    ("hi", "SSR", {"draft_start": 50, "max_think": 10}, "draft_start=50 must be &lt; max_think"),
+])
+def test_bad_input_is_a_message_not_a_crash(studio, prompt, method, settings, message):
+    frames = list(studio.run(prompt, method, "tiny", **settings))
+    assert "error" in frames[-1].metrics and message in frames[-1].metrics
+    assert studio.history() == []  # nothing half-logged
+
+
+def test_missing_model_is_a_message(studio, tmp_path):
+    frames = list(studio.run("hi", "SSR", str(tmp_path / "nope"), **SMALL))
+    assert "does not exist" in frames[-1].metrics
+    assert "SSR" in list(studio.run("hi", "SSR", "tiny", **SMALL))[-1].metrics  # still works after
+
+
+def test_chart_builders(studio):
+    list(studio.run("hello", "Compare", "tiny", **SMALL))
+    rows = studio.history()
+    assert len(charts.latency_by_method(rows).data) == 2
+    assert [t.name for t in charts.token_composition(rows).data] == ["accepted", "recovered", "generated"]
+    assert len(charts.speedup_vs_draft_start(rows).data[0].x) == 1
+    bars = charts.latency_bars({"Baseline": 1.0, "SSR": 0.5})
+    assert list(bars.data[0].y) == [1.0, 0.5]
+
+
+def test_metrics_strip_counts():
+    view = TraceView()
+    lm = make_model("qwen3", init_scale=3.0)
+    for ev in decode_ssr(lm, "hi", RunConfig(**SMALL)):
+        view.apply(ev)
+    html = metrics_html(view, "SSR")
+    assert "phase" in html and "done" in html and f">{len(view.answer)}<" in html
