@@ -23,7 +23,9 @@ from pathlib import Path
 
 from engine.config import RunConfig
 from engine.events import DoneEvent
-from engine.methods import METHODS, get_method
+from engine.methods import METHODS, check_method, decoder
+from engine.prm import make_scorer
+from engine.rsd import RSD_METHODS, check_pair
 from engine.model import ModelLoadError, SSRUnsupportedError, load_model
 from engine.runlog import RunLog, RunMeta
 from engine.synthetic import check
@@ -31,7 +33,8 @@ from engine.synthetic import check
 # CLI flag -> RunConfig field; a flag left out keeps the config's own default
 CONFIG_FLAGS = {"draft_start": int, "max_think": int, "max_draft": int, "max_answer": int, "num_drafts": int,
                 "draft_interval": int, "max_spec": int, "min_match": int, "temperature": float, "top_p": float,
-                "seed": int}
+                "seed": int, "threshold": float, "weighting": str, "weight_param": float, "max_steps": int,
+                "max_step_tokens": int}
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -57,11 +60,16 @@ def read_prompts(path: str) -> list[dict]:
     return prompts
 
 
-def run_one(lm, method: str, prompt: dict, cfg: RunConfig, repeat: int, log: RunLog | None) -> dict:
-    decode = get_method(method)
+def run_one(models: dict, method: str, prompt: dict, cfg: RunConfig, repeat: int, log: RunLog | None) -> dict:
+    lm = models["target"]
+    decode = decoder(method, lm, models.get("draft"), models.get("scorer"))
+    rsd = method in RSD_METHODS
     meta = RunMeta(method, lm.model_id, prompt["prompt"], cfg.to_dict(), prompt_id=prompt["id"],
+                   draft_model=models["draft"].model_id if rsd and method != "target" else None,
+                   prm=models["prm_name"] if method == "rsd" else None,
                    reference=prompt.get("reference"), origin="bench", device=str(lm.device))
-    events = list(log.record(decode(lm, prompt["prompt"], cfg), meta) if log else decode(lm, prompt["prompt"], cfg))
+    stream = decode(prompt["prompt"], cfg)
+    events = list(log.record(stream, meta) if log else stream)
     done: DoneEvent = events[-1]
     s = done.stats
     run = {"method": method, "prompt_id": prompt["id"], "repeat": repeat, "latency_s": s.wall_s, "ttft_s": s.ttft_s,
@@ -98,6 +106,16 @@ def summarize(runs: list[dict], greedy: bool) -> list[dict]:
             if greedy:
                 row["answers_equal_baseline"] = sum(
                     by[(m, p)][0]["answer_token_ids"] == by[("baseline", p)][0]["answer_token_ids"] for p in prompts)
+        if "target" in methods:
+            ratios = [statistics.median(r["flops"] for r in by[(m, p)]) /
+                      statistics.median(r["flops"] for r in by[("target", p)]) for p in prompts
+                      if all(r["flops"] for r in by[("target", p)]) and m in RSD_METHODS]
+            if ratios:
+                row["median_flops_ratio_to_target"] = statistics.median(ratios)
+            row["median_flops"] = statistics.median(r["flops"] for r in mine)
+        steps = sum(r["steps_accepted"] + r["steps_rejected"] for r in mine)
+        if m == "rsd" and steps:
+            row["fraction_steps_accepted"] = sum(r["steps_accepted"] for r in mine) / steps
         checked = [r["correct"] for r in mine if "correct" in r]
         if checked:
             row["accuracy"] = sum(checked) / len(checked)
@@ -115,7 +133,8 @@ def format_table(summary: list[dict]) -> str:
             ("median_latency_ratio_to_baseline", "ratio", "{:.3f}"), ("median_tokens_per_s", "tok/s", "{:.1f}"),
             ("median_accepted", "accepted", "{:.0f}"), ("median_recovered", "recovered", "{:.0f}"),
             ("answers_equal_baseline", "= baseline", "{}"), ("accuracy", "accuracy", "{:.1%}"),
-            ("median_step_ratio_with_draft", "step x draft", "{:.2f}")]
+            ("median_step_ratio_with_draft", "step x draft", "{:.2f}"),
+            ("median_flops_ratio_to_target", "FLOPs/target", "{:.3f}"), ("fraction_steps_accepted", "steps kept", "{:.1%}")]
     cols = [c for c in cols if any(c[0] in row for row in summary)]
     cells = [[h for _, h, _ in cols]] + [[f.format(row[k]) if row.get(k) is not None else "-" for k, _, f in cols]
                                           for row in summary]
@@ -134,6 +153,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs before measuring")
     ap.add_argument("--device", default=None)
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--draft-model", default="tiny-reasoner-draft", help="RSD's draft model")
+    ap.add_argument("--prm", default="tiny-prm", help="RSD's PRM: a math-shepherd-format model, a "
+                    "Qwen2.5-Math-PRM id (needs --trust-remote-code) or 'target-likelihood'")
+    ap.add_argument("--trust-remote-code", action="store_true", help="allow a PRM's own modelling code to run")
     for name, kind in CONFIG_FLAGS.items():
         ap.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
     return ap.parse_args(argv)
@@ -148,26 +171,33 @@ def main(argv: list[str] | None = None) -> int:
     try:
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         for m in methods:
-            get_method(m)
+            check_method(m)
         if args.repeat < 1:
             raise ValueError(f"--repeat={args.repeat} must be >= 1")
         cfg = RunConfig(**{k: getattr(args, k) for k in CONFIG_FLAGS if getattr(args, k) is not None})
         prompts = read_prompts(args.prompts)
         log = RunLog(args.db) if args.db else None
         lm = load_model(args.model, device=args.device)
+        models = {"target": lm, "prm_name": args.prm}
         if "ssr" in methods:
             lm.require_markers()
+            cfg.check_ssr()
+        if {"rsd", "draft"} & set(methods):
+            models["draft"] = load_model(args.draft_model, device=args.device)
+            check_pair(lm, models["draft"])
+        if "rsd" in methods:
+            models["scorer"] = make_scorer(args.prm, args.device, args.trust_remote_code)
     except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for _ in range(args.warmup):
         for m in methods:
-            list(get_method(m)(lm, prompts[0]["prompt"], cfg))
+            list(decoder(m, lm, models.get("draft"), models.get("scorer"))(prompts[0]["prompt"], cfg))
     runs = []
     for prompt in prompts:
         for rep in range(args.repeat):
             for m in methods:
-                runs.append(run_one(lm, m, prompt, cfg, rep, log))
+                runs.append(run_one(models, m, prompt, cfg, rep, log))
                 r = runs[-1]
                 print(f"  {prompt['id']:>14} r{rep} {m:>8}: {r['latency_s']:.3f}s  acc {r['accepted']} "
                       f"rec {r['recovered']}" + (f"  correct={r['correct']}" if "correct" in r else ""), flush=True)

@@ -5,6 +5,9 @@ The CLI and the UI build a :class:`RunConfig` and never restate its defaults; in
 
 >>> RunConfig(draft_start=100, max_think=400).max_draft
 500
+>>> RunConfig(draft_start=500, max_think=400).check_ssr()
+Traceback (most recent call last):
+ValueError: draft_start=500 must be < max_think (400)
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+
+from engine.acceptance import check_params
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,12 @@ class RunConfig:
     min_match: int = 2  # shortest answer suffix that suffix recovery matches
     suffix_recovery: bool = True  # reuse drafts after the first mismatch
     context_lookup: bool = True  # then search the prompt, the reasoning and the answer itself
+    # --- RSD (the released code's defaults: binary threshold 0.7, at most 100 steps)
+    threshold: float = 0.7  # binary rule: keep a draft step iff its reward >= threshold
+    weighting: str = "binary"  # or a soft rule: constant, clipping, sigmoidal, logistic
+    weight_param: float = 1.0  # p for "constant", the slope a for "logistic"
+    max_steps: int = 100
+    max_step_tokens: int = 256
 
     def __post_init__(self) -> None:
         for name in ("max_think", "max_answer", "max_draft", "num_drafts", "max_spec", "min_match"):
@@ -46,13 +57,25 @@ class RunConfig:
         _require("temperature", self.temperature,
                  math.isfinite(self.temperature) and self.temperature >= 0, "must be a finite number >= 0")
         _require("top_p", self.top_p, 0 < self.top_p <= 1, "must be in (0, 1]")
-        _require("draft_start", self.draft_start, self.draft_start < self.max_think,
-                 f"must be < max_think ({self.max_think})")
         if self.num_drafts > 1:
             _require("draft_interval", self.draft_interval, self.draft_interval >= 1,
                      "must be >= 1 when num_drafts > 1")
+        for name in ("max_steps", "max_step_tokens"):
+            _require(name, getattr(self, name), getattr(self, name) >= 1, "must be >= 1")
+        check_params(self.weighting, self.threshold, self.weight_param)
         for name in ("suffix_recovery", "context_lookup"):
             _require(name, getattr(self, name), isinstance(getattr(self, name), bool), "must be true or false")
+
+    def check_ssr(self) -> RunConfig:
+        """The cross-field rule SSR adds: a draft must fork inside the reasoning budget."""
+        _require("draft_start", self.draft_start, self.draft_start < self.max_think,
+                 f"must be < max_think ({self.max_think})")
+        return self
+
+    @property
+    def max_tokens(self) -> int:
+        """RSD's budget for the whole response (reasoning and answer)."""
+        return self.max_think + self.max_answer
 
     @property
     def greedy(self) -> bool:

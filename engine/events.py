@@ -74,10 +74,21 @@ class RunStats:
     # SSR: mean seconds per reasoning step with no draft live / with drafts riding in the batch
     step_s_alone: float | None = None
     step_s_drafting: float | None = None
-    # RSD accounting (zero for other methods)
+    # RSD accounting (zero for other methods); FLOPs = 2 x parameters x tokens processed, per model
     flops: float = 0.0
     steps_accepted: int = 0
     steps_rejected: int = 0
+    target_tokens: int = 0  # tokens each model processed (prefill and decode)
+    draft_model_tokens: int = 0
+    prm_tokens: int = 0
+    target_flops: float = 0.0
+    draft_flops: float = 0.0
+    prm_flops: float = 0.0
+    target_s: float = 0.0
+    draft_s: float = 0.0
+    prm_s: float = 0.0
+    mean_reward_accepted: float | None = None
+    mean_reward_rejected: float | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -85,6 +96,20 @@ class RunStats:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """RSD: one reasoning step settled. ``source`` is who wrote the kept step ("draft" or
+    "target"); a rejected draft step is reported first with ``accepted=False``."""
+
+    index: int
+    text: str
+    source: str
+    reward: float | None
+    accepted: bool | None
+    t: float
+    kind: str = "step"
 
 
 @dataclass(frozen=True)
@@ -98,4 +123,4 @@ class DoneEvent:
     kind: str = "done"
 
 
-Event = PhaseEvent | TokenEvent | DoneEvent
+Event = PhaseEvent | TokenEvent | StepEvent | DoneEvent

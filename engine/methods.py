@@ -1,6 +1,8 @@
 """The decoding methods by name: one place the bench CLI and the UI look them up.
 
-Each entry takes ``(lm, prompt, cfg)`` and returns the run's event generator.
+``decoder(name, target, draft, scorer)`` returns a callable ``(prompt, cfg) -> events``.
+SSR-family methods use the target alone; the RSD family (``rsd``, ``target``, ``draft``) also
+takes the draft model and the PRM scorer.
 """
 
 from __future__ import annotations
@@ -13,19 +15,28 @@ from engine.config import RunConfig
 from engine.events import Event
 from engine.model import LoadedModel
 from engine.peers import decode_hf
+from engine.rsd import RSD_METHODS, decode_rsd
 from engine.ssr import decode_ssr
 
-Decoder = Callable[[LoadedModel, str, RunConfig], Iterator[Event]]
+Decoder = Callable[[str, RunConfig], Iterator[Event]]
 
-METHODS: dict[str, Decoder] = {
+SINGLE_MODEL = {
     "baseline": decode_baseline,
     "ssr": decode_ssr,
     "hf": decode_hf,
     "hf-pld": partial(decode_hf, prompt_lookup=True),
 }
+METHODS = (*SINGLE_MODEL, *RSD_METHODS)
 
 
-def get_method(name: str) -> Decoder:
+def check_method(name: str) -> str:
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
-    return METHODS[name]
+    return name
+
+
+def decoder(name: str, target: LoadedModel, draft: LoadedModel | None = None, scorer=None) -> Decoder:
+    check_method(name)
+    if name in SINGLE_MODEL:
+        return partial(SINGLE_MODEL[name], target)
+    return lambda prompt, cfg: decode_rsd(target, draft, scorer, prompt, cfg, mode=name)

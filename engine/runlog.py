@@ -33,9 +33,9 @@ from pathlib import Path
 
 import sqlite_utils
 
-from engine.events import DoneEvent, Event, PhaseEvent, RunStats, TokenEvent
+from engine.events import DoneEvent, Event, PhaseEvent, RunStats, StepEvent, TokenEvent
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 @dataclass
@@ -86,7 +86,17 @@ def _migrate_2(db: sqlite_utils.Database) -> None:
     db["runs"].create_index(["prompt_hash"], if_not_exists=True)
 
 
-MIGRATIONS = {1: _migrate_1, 2: _migrate_2}
+def _migrate_3(db: sqlite_utils.Database) -> None:
+    """Version 3 (RSD): step events carry a reward and a verdict; runs gain the RSD accounting."""
+    for name, kind in {"reward": float, "accepted": int}.items():
+        if name not in db["events"].columns_dict:
+            db["events"].add_column(name, kind)
+    for name, kind in _stats_columns().items():
+        if name not in db["runs"].columns_dict:
+            db["runs"].add_column(name, kind)
+
+
+MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3}
 
 
 def _stats_columns() -> dict:
@@ -199,6 +209,9 @@ def _event_row(run_id: int, seq: int, ev: Event) -> dict:
     row = {"run_id": run_id, "seq": seq, "kind": ev.kind, "t": ev.t}
     if isinstance(ev, PhaseEvent):
         row.update(phase=ev.phase, draft=ev.draft, at_token=ev.at_token)
+    elif isinstance(ev, StepEvent):
+        row.update(position=ev.index, text=ev.text, source=ev.source, reward=ev.reward,
+                   accepted=None if ev.accepted is None else int(ev.accepted))
     else:
         row.update(stream=ev.stream, status=ev.status, token_id=ev.token_id, text=ev.text, position=ev.position,
                    draft=ev.draft, source=ev.source, match_len=ev.match_len)
@@ -208,6 +221,9 @@ def _event_row(run_id: int, seq: int, ev: Event) -> dict:
 def _row_event(r: dict) -> Event:
     if r["kind"] == "phase":
         return PhaseEvent(r["phase"], r["t"], r["draft"], r["at_token"])
+    if r["kind"] == "step":
+        return StepEvent(r["position"], r["text"], r["source"], r["reward"],
+                         None if r["accepted"] is None else bool(r["accepted"]), r["t"])
     return TokenEvent(r["stream"], r["status"], r["token_id"], r["text"], r["position"], r["t"], r["draft"],
                       r["source"], r["match_len"])
 

@@ -42,6 +42,7 @@ from engine.suffix_index import SuffixIndex
 def decode_ssr(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     """Yield the events of an SSR run of ``prompt`` (the user message, templated here)."""
     markers = lm.require_markers()
+    cfg.check_ssr()
     prompt_ids = lm.prompt_ids(prompt)
     rec = Recorder(lm.tokenizer, "ssr", len(prompt_ids), lm.device)
     index = SuffixIndex(cfg.min_match)

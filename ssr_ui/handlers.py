@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from engine.config import RunConfig
-from engine.methods import get_method
+from engine.methods import decoder
 from engine.model import LoadedModel, ModelLoadError, SSRUnsupportedError, load_model
 from engine.presets import recommended_settings
 from engine.runlog import RunLog, RunMeta, prompt_hash
@@ -68,6 +68,8 @@ class Studio:
             if method not in MODES:
                 raise ValueError(f"unknown method {method!r}; choose one of {', '.join(MODES)}")
             cfg = self.config(model_name, **settings)
+            if method != "Baseline":
+                cfg.check_ssr()
             yield Frame(view.reasoning_html(), view.draft_html(), view.answer_html(),
                         '<div class="metrics">loading the model…</div>')
             with self._lock:
@@ -90,7 +92,7 @@ class Studio:
             lm.require_markers()
         meta = RunMeta(method, lm.model_id, prompt, cfg.to_dict(), device=str(lm.device))
         last = 0.0
-        for ev in self.log.record(get_method(method)(lm, prompt, cfg), meta):
+        for ev in self.log.record(decoder(method, lm)(prompt, cfg), meta):
             view.apply(ev)
             now = time.perf_counter()
             if now - last >= 1.0 / UPDATES_PER_S:

@@ -110,3 +110,42 @@ def test_model_without_markers_plain_works_ssr_explains(model_dir, tmp_path):
     assert done.reasoning_ids == [] and len(done.answer_ids) > 0
     with pytest.raises(SSRUnsupportedError, match="SSR needs a reasoning model with an end-of-thinking marker"):
         list(decode_ssr(lm, "hi", cfg))
+
+
+@pytest.fixture(scope="module")
+def rsd_dirs(tmp_path_factory):
+    out = {}
+    for name, arch, seed in (("target", "llama", 1), ("draft", "qwen2", 2), ("prm", "llama", 3)):
+        path = tmp_path_factory.mktemp(name)
+        lm = make_model(arch, seed=seed, init_scale=2.0)
+        lm.model.float().save_pretrained(path)
+        lm.tokenizer.save_pretrained(path)
+        out[name] = str(path)
+    return out
+
+
+def test_bench_rsd_methods(rsd_dirs, prompts, tmp_path, capsys):
+    out, db = tmp_path / "rsd.json", tmp_path / "runs.db"
+    code = bench.main(["--model", rsd_dirs["target"], "--draft-model", rsd_dirs["draft"], "--prm", rsd_dirs["prm"],
+                       "--methods", "target,rsd,draft", "--prompts", str(prompts), "--out", str(out), "--db", str(db),
+                       "--threshold", "0.5", "--max-think", "20", "--max-answer", "5", "--max-step-tokens", "4",
+                       "--warmup", "0"])
+    assert code == 0, capsys.readouterr().err
+    result = json.loads(out.read_text())
+    for run in result["runs"]:
+        assert {"flops", "steps_accepted", "steps_rejected"} <= set(run) and run["flops"] > 0
+    summary = {row["method"]: row for row in result["summary"]}
+    assert summary["target"]["median_flops_ratio_to_target"] == 1.0
+    assert summary["draft"]["median_flops_ratio_to_target"] > 0
+    assert 0.0 <= summary["rsd"]["fraction_steps_accepted"] <= 1.0
+    rows = RunLog(db).runs(method="rsd")
+    assert rows and rows[0]["prm"] == rsd_dirs["prm"] and rows[0]["flops"] > 0
+
+
+def test_bench_rsd_bad_input(rsd_dirs, prompts, tmp_path, capsys):
+    base = ["--model", rsd_dirs["target"], "--prompts", str(prompts), "--out", str(tmp_path / "o.json")]
+    assert bench.main(base + ["--methods", "rsd", "--draft-model", rsd_dirs["draft"], "--prm", rsd_dirs["prm"],
+                              "--weighting", "logistic", "--weight-param", "-1"]) == 2
+    assert "must be > 0" in capsys.readouterr().err
+    assert bench.main(base + ["--methods", "rsd", "--draft-model", str(tmp_path / "none")]) == 2
+    assert "does not exist" in capsys.readouterr().err

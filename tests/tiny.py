@@ -60,6 +60,7 @@ def _tokenizer_json() -> str:
 def make_tokenizer(style: str = "open") -> PreTrainedTokenizerFast:
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_tokenizer_json()),
                                   eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok.add_tokens(["ки"])  # math-shepherd's step tag, for the PRM tests
     tok.chat_template = TEMPLATES[style]
     return tok
 

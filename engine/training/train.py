@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
             losses = []
         if state["step"] % args.eval_every == 0:
             model.eval()
-            result = accuracy(model, tokenizer, kind, n=24)
+            result = accuracy(model, tokenizer, kind, n=12)
             model.train()
             state["evals"].append({"step": state["step"], **result})
             print(f"eval at step {state['step']}: {result}", flush=True)

@@ -1,0 +1,150 @@
+"""RSD, methods ``rsd``, ``target`` and ``draft``: reward-guided speculative decoding, step by step.
+
+Liao et al., "Reward-Guided Speculative Decoding for Efficient LLM Reasoning" (ICML 2025,
+arXiv 2501.19324). A small draft model writes one step (text up to the step delimiter ``"\\n\\n"``,
+an end of sequence, or ``max_step_tokens``); a process reward model scores it given the question
+and the steps so far; the acceptance rule (``engine.acceptance``) keeps it or the target model
+writes that step instead, and the target's step is not scored again. Deliberately biased towards
+high-reward steps, not lossless. ``target`` and ``draft`` run the same step loop with one model
+writing every step: the comparison baselines.
+
+Deviations from the released code (flagged): every model keeps its KV cache and catches up on
+unseen tokens in one parallel forward, where the reference re-encodes the whole prefix with the
+PRM at every step; and we count FLOPs per model (``engine.cached``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+from engine.cached import CachedModel
+from engine.config import RunConfig
+from engine.events import Event, StepEvent
+from engine.model import LoadedModel
+from engine.prm import TargetLikelihoodScorer
+from engine.recorder import Recorder
+from engine.sampling import Chooser
+
+STEP_DELIMITER = "\n\n"
+RSD_METHODS = ("rsd", "target", "draft")
+
+
+def check_pair(target: LoadedModel, draft: LoadedModel) -> None:
+    """Draft and target must share a tokenizer: same vocabulary, same ids."""
+    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+        raise ValueError(f"draft model {draft.model_id} and target model {target.model_id} do not share a "
+                         "tokenizer: RSD needs identical vocabularies")
+
+
+def decode_rsd(target: LoadedModel, draft: LoadedModel | None, scorer, prompt: str, cfg: RunConfig,
+               mode: str = "rsd") -> Iterator[Event]:
+    """Yield the events of a step-wise run. ``mode``: "rsd" (draft, PRM, target on rejection),
+    "target" or "draft" (that model writes every step)."""
+    if mode not in RSD_METHODS:
+        raise ValueError(f"unknown RSD mode {mode!r}; choose one of {', '.join(RSD_METHODS)}")
+    if mode != "target":
+        if draft is None:
+            raise ValueError(f"method {mode!r} needs a draft model")
+        check_pair(target, draft)
+    prompt_ids = target.prompt_ids(prompt)
+    rec = Recorder(target.tokenizer, mode, len(prompt_ids), target.device)
+    T = CachedModel(target)
+    D = CachedModel(draft) if mode != "target" else None
+    writers = {"target": (T, Chooser(cfg.temperature, cfg.top_p, cfg.seed)),
+               "draft": (D, Chooser(cfg.temperature, cfg.top_p, cfg.seed))}
+    coin = random.Random(cfg.seed)  # the soft rules' acceptance draws
+    if mode == "rsd":
+        if scorer is None:
+            raise ValueError("method 'rsd' needs a process reward model (or the 'target-likelihood' scorer)")
+        if scorer == "target-likelihood":
+            scorer = TargetLikelihoodScorer(T)
+        scorer.start(prompt)
+    close_id = target.markers.close_id if target.markers else None
+    stream = "reasoning" if close_id is not None else "answer"
+    seq, rewards = list(prompt_ids), {True: [], False: []}
+    yield rec.phase("prefill")
+    yield rec.phase(stream)
+    for index in range(cfg.max_steps):
+        budget = cfg.max_tokens - (len(seq) - len(prompt_ids))
+        if budget <= 0:
+            break
+        # 1. propose: the draft (or, in "target" mode, the target) writes one step
+        source = "target" if mode == "target" else "draft"
+        step, ended = _write_step(*writers[source], seq, cfg.max_step_tokens, budget)
+        reward, kept = None, None
+        # 2. score and decide
+        if mode == "rsd":
+            text = target.tokenizer.decode(step)
+            reward = scorer.score(text, seq, step)
+            kept = _accept(cfg, reward, coin)
+            rewards[kept].append(reward)
+            if not kept:
+                for i, tok in enumerate(step):
+                    yield rec.token("draft", tok, draft=index)
+                    yield rec.draft_status(index, i, "rejected")
+                yield StepEvent(index, text, "draft", reward, False, rec.now())
+                D.rollback(len(seq))
+                source = "target"
+                step, ended = _write_step(*writers["target"], seq, cfg.max_step_tokens, budget)
+        # 3. accept: the step joins the shared text; each model catches up when it next writes
+        status = "accepted" if mode == "rsd" and source == "draft" else "generated"
+        for tok in step:
+            yield rec.token(stream, tok, status, source="draft" if status == "accepted" else None)
+            if tok == close_id and stream == "reasoning":
+                stream = "answer"
+                yield rec.phase("answer")
+        text = target.tokenizer.decode(step)
+        yield StepEvent(index, text, source, reward if source == "draft" else None, kept if source == "draft" else None,
+                        rec.now())
+        rec.stats.steps_accepted += mode == "rsd" and source == "draft"
+        rec.stats.steps_rejected += mode == "rsd" and source == "target"
+        if mode == "rsd":
+            scorer.commit(text)
+        seq += step
+        if ended:
+            break
+    _account(rec, T, D, scorer if mode == "rsd" else None, rewards)
+    yield rec.phase("done")
+    yield rec.done()
+
+
+def _write_step(model: CachedModel, chooser: Chooser, seq: list[int], max_step_tokens: int,
+                budget: int) -> tuple[list[int], bool]:
+    """One step by ``model`` after ``seq``: tokens up to and including the delimiter. Returns
+    (tokens, whether the sequence ended). The last token is not fed: whoever writes next feeds it
+    along with any other tokens it has not seen, in one forward."""
+    tok = model.lm.tokenizer
+    logits = model.sync(seq)
+    step: list[int] = []
+    while True:
+        t = chooser.pick(logits)
+        if t in model.lm.eos_ids:
+            return step, True
+        step.append(t)
+        if len(step) >= budget:
+            return step, True
+        text = tok.decode(step)
+        if len(step) >= max_step_tokens or (text.endswith(STEP_DELIMITER) and text.strip()):
+            return step, False
+        logits = model.feed([t])
+
+
+def _accept(cfg: RunConfig, reward: float, coin: random.Random) -> bool:
+    from engine.acceptance import accept  # noqa: PLC0415
+
+    return accept(cfg.weighting, reward, coin.random(), cfg.threshold, cfg.weight_param)
+
+
+def _account(rec: Recorder, T: CachedModel, D: CachedModel | None, scorer, rewards) -> None:
+    s = rec.stats
+    s.target_tokens, s.target_flops, s.target_s = T.prefill_tokens + T.decode_tokens, T.flops, T.seconds
+    if D is not None:
+        s.draft_model_tokens, s.draft_flops, s.draft_s = D.prefill_tokens + D.decode_tokens, D.flops, D.seconds
+    prm = getattr(scorer, "model", None)
+    if isinstance(prm, CachedModel):
+        s.prm_tokens, s.prm_flops, s.prm_s = prm.prefill_tokens + prm.decode_tokens, prm.flops, prm.seconds
+    s.flops = s.target_flops + s.draft_flops + s.prm_flops
+    s.forward_calls = T.calls + (D.calls if D is not None else 0) + (prm.calls if isinstance(prm, CachedModel) else 0)
+    s.mean_reward_accepted = sum(rewards[True]) / len(rewards[True]) if rewards[True] else None
+    s.mean_reward_rejected = sum(rewards[False]) / len(rewards[False]) if rewards[False] else None

@@ -1,0 +1,164 @@
+"""RSD: acceptance rules, PRM scorers, plumbing exactness at the extremes, accounting, bad input."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+
+from engine.acceptance import WEIGHTINGS, accept, check_params, weight
+from engine.cached import CachedModel
+from engine.config import RunConfig
+from engine.prm import MathShepherdScorer, TargetLikelihoodScorer
+from engine.rsd import decode_rsd
+from tests.tiny import make_model, make_tokenizer
+
+CFG = dict(max_think=30, max_answer=10, max_step_tokens=5, max_steps=8)
+
+
+# ----------------------------------------------------------------------------- acceptance rules
+
+@pytest.mark.parametrize("weighting, reward, threshold, param, expected", [
+    ("binary", 0.7, 0.7, 1.0, 1.0),       # at the threshold: kept (>=). Tempting wrong: 0 with a strict >
+    ("binary", 0.69, 0.7, 1.0, 0.0),
+    ("binary", 0.0, 0.0, 1.0, 1.0),       # threshold 0 keeps every reward in [0, 1]
+    ("binary", 1.0, 1.01, 1.0, 0.0),      # above 1 keeps nothing
+    ("constant", 0.1, 0.7, 0.3, 0.3),     # ignores the reward
+    ("clipping", 1.7, 0.7, 1.0, 1.0),
+    ("clipping", -0.2, 0.7, 1.0, 0.0),
+    ("clipping", 0.42, 0.7, 1.0, 0.42),
+    ("sigmoidal", 1.0, 0.7, 1.0, 0.5),    # r / (1 + r). Tempting wrong: the logistic sigmoid 0.73
+    ("sigmoidal", -0.5, 0.7, 1.0, 0.0),
+    ("logistic", 0.7, 0.7, 5.0, 0.5),     # centred on the threshold
+    ("logistic", 0.9, 0.7, 10.0, 1 / (1 + math.exp(-2.0))),
+])
+def test_weights(weighting, reward, threshold, param, expected):
+    assert weight(weighting, reward, threshold, param) == pytest.approx(expected)
+
+
+def test_soft_rules_are_stochastic_binary_is_not():
+    assert accept("clipping", 0.4, 0.39) and not accept("clipping", 0.4, 0.41)
+    assert all(accept("binary", 0.8, u) for u in (0.0, 0.5, 0.999))
+
+
+@pytest.mark.parametrize("weighting, threshold, param, message", [
+    ("warp", 0.7, 1.0, "weighting='warp' is not one of"),
+    ("constant", 0.7, 1.5, "outside [0, 1]"),
+    ("logistic", 0.7, 0.0, "must be > 0"),
+    ("binary", float("inf"), 1.0, "must be a finite number"),
+])
+def test_rule_parameters_are_checked(weighting, threshold, param, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        check_params(weighting, threshold, param)
+    with pytest.raises(ValueError):
+        RunConfig(weighting=weighting, threshold=threshold, weight_param=param)
+
+
+def test_binary_takes_any_real_threshold():
+    for t in (-3.0, 0.0, 0.7, 1.0, 42.0):
+        check_params("binary", t, 1.0)
+    assert set(WEIGHTINGS) == {"binary", "constant", "clipping", "sigmoidal", "logistic"}
+
+
+# ----------------------------------------------------------------------------- scorers
+
+@functools.lru_cache(maxsize=None)
+def trio():
+    return (make_model("llama", seed=1, init_scale=2.0), make_model("qwen2", seed=2, init_scale=2.0),
+            make_model("llama", seed=3))
+
+
+def test_math_shepherd_scores_in_unit_interval_and_incrementally():
+    prm = MathShepherdScorer(trio()[2])
+    prm.start("What is 7 plus 5?")
+    first = prm.score("7 plus 5 is 12.")
+    prm.commit("7 plus 5 is 12.")
+    second = prm.score("The result is \\boxed{12}.")
+    assert 0.0 <= first <= 1.0 and 0.0 <= second <= 1.0
+    # from scratch, the same input: the tag is read at the same position, the score agrees
+    tok = prm.lm.tokenizer
+    ids = prm.tokens + tok.encode("\nThe result is \\boxed{12}. ки", add_special_tokens=False)
+    with torch.no_grad():
+        logits = prm.lm.model(torch.tensor([ids])).logits[0, -1]
+    fresh = torch.softmax(logits[[prm.plus, prm.minus]].float(), -1)[0]
+    assert ids[-1] == prm.tag and second == pytest.approx(float(fresh), abs=1e-9)
+
+
+def test_prm_without_step_tag_does_not_fit():
+    lm = make_model("llama")
+    lm.tokenizer = make_tokenizer()  # same tokenizer...
+    lm.tokenizer.encode = lambda text, add_special_tokens=False: [1, 2]  # ...where the tag is not one token
+    with pytest.raises(ValueError, match="does not fit the 'ки' step format"):
+        MathShepherdScorer(lm)
+
+
+def test_target_likelihood_is_mean_token_probability():
+    target = CachedModel(trio()[0])
+    seq, step = [5, 6, 7], [8, 9]
+    score = TargetLikelihoodScorer(target).score("", seq, step)
+    with torch.no_grad():
+        logits = trio()[0].model(torch.tensor([seq + step])).logits[0]
+    probs = torch.softmax(logits.float(), -1)
+    expected = (probs[2, 8] + probs[3, 9]) / 2
+    assert score == pytest.approx(float(expected), abs=1e-9) and target.length == len(seq)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+def run(mode, threshold=0.7, scorer=None, prompt="Start with 7", **kw):
+    target, draft, prm_lm = trio()
+    prm = scorer if scorer is not None else MathShepherdScorer(prm_lm)
+    return list(decode_rsd(target, draft, prm, prompt, RunConfig(**{**CFG, **kw}, threshold=threshold), mode=mode))
+
+
+@pytest.mark.parametrize("prompt", ["Start with 7", "hello world", "héllo 😀"])
+def test_threshold_zero_equals_draft_alone(prompt):
+    rsd, alone = run("rsd", threshold=0.0, prompt=prompt)[-1], run("draft", prompt=prompt)[-1]
+    assert rsd.reasoning_ids + rsd.answer_ids == alone.reasoning_ids + alone.answer_ids
+    assert rsd.stats.steps_rejected == 0 and rsd.stats.steps_accepted > 0
+
+
+@pytest.mark.parametrize("prompt", ["Start with 7", "hello world", "héllo 😀"])
+def test_threshold_above_one_equals_target_alone(prompt):
+    rsd, alone = run("rsd", threshold=1.01, prompt=prompt)[-1], run("target", prompt=prompt)[-1]
+    assert rsd.reasoning_ids + rsd.answer_ids == alone.reasoning_ids + alone.answer_ids
+    assert rsd.stats.steps_accepted == 0 and rsd.stats.steps_rejected > 0
+
+
+def test_target_likelihood_scorer_runs_the_loop():
+    done = run("rsd", threshold=0.0, scorer="target-likelihood")[-1]
+    assert done.stats.steps_accepted > 0 and done.stats.target_tokens > 0
+
+
+def test_events_and_accounting():
+    events = run("rsd", threshold=0.5, weighting="clipping")
+    done = events[-1]
+    steps = [e for e in events if e.kind == "step"]
+    kept = [e for e in steps if e.accepted is not False]
+    assert len(kept) == done.stats.steps_accepted + done.stats.steps_rejected
+    assert all(0 <= e.reward <= 1 for e in steps if e.reward is not None)
+    rejected_draft = [e for e in events if e.kind == "token" and e.stream == "draft" and e.status == "rejected"]
+    assert len(rejected_draft) == done.stats.rejected
+    target, draft, prm = trio()
+    s = done.stats
+    assert s.target_flops == 2 * target.num_parameters * s.target_tokens
+    assert s.draft_flops == 2 * draft.num_parameters * s.draft_model_tokens
+    assert s.prm_flops == 2 * prm.num_parameters * s.prm_tokens
+    assert s.flops == s.target_flops + s.draft_flops + s.prm_flops
+    # each model sees every shared token once, plus what it wrote and threw away: no re-encoding
+    total = s.prompt_tokens + s.reasoning_tokens + s.answer_tokens
+    assert s.target_tokens <= total + s.steps_accepted + s.steps_rejected + 1
+    assert s.draft_model_tokens <= total + s.rejected + s.steps_accepted + s.steps_rejected + 1
+
+
+def test_incompatible_pair_is_refused_before_anything_runs():
+    target = make_model("llama")
+    other = make_model("qwen2")
+    other.tokenizer = make_tokenizer()
+    other.tokenizer.add_tokens(["<extra>"])
+    with pytest.raises(ValueError, match="do not share a tokenizer"):
+        list(decode_rsd(target, other, None, "hi", RunConfig(**CFG), mode="rsd"))
+    with pytest.raises(ValueError, match="needs a process reward model"):
+        list(decode_rsd(target, make_model("qwen2"), None, "hi", RunConfig(**CFG), mode="rsd"))
