@@ -91,7 +91,7 @@ def make_model(arch: str = "llama", seed: int = 0, style: str = "open", dtype=to
     the output distributions peakier (more varied greedy text, less uniform sampling)."""
     tok = make_tokenizer(style)
     cls, config = _config(arch, len(tok))
-    config.eos_token_id = tok.eos_token_id
+    config.eos_token_id = config.bos_token_id = tok.eos_token_id
     config.pad_token_id = tok.pad_token_id
     torch.manual_seed(seed)
     model = cls(config).to(dtype).eval()
