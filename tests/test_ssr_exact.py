@@ -84,20 +84,21 @@ def test_draft_start_beyond_reasoning_length(arch):
 
 
 def _probe(lm, cfg):
-    """A prompt whose first draft is long enough to steer, and that run's final event."""
+    """A prompt and a token its first draft writes (after the template tail) that the reasoning
+    does not: steering that token changes the draft, not the reasoning."""
     for prompt in PROMPTS:
         probe = final(decode_ssr(lm, prompt, cfg))
-        if probe.drafts and len(probe.drafts[0]) >= 6:
-            return prompt, probe
-    raise AssertionError("precondition: no prompt gives a draft of 6 tokens")
+        for tok in (probe.drafts[0][3:] if probe.drafts else []):
+            if tok not in probe.reasoning_ids and tok not in lm.prompt_ids(prompt):
+                return prompt, probe, tok
+    raise AssertionError("precondition: no prompt gives a draft token to steer")
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
 def test_end_of_sequence_inside_a_draft(arch):
     lm = model(arch)
     cfg = RunConfig(**SMALL, draft_start=2)
-    prompt, probe = _probe(lm, cfg)
-    eos = probe.drafts[0][4]  # a token the draft writes: now it ends the draft there
+    prompt, probe, eos = _probe(lm, cfg)  # a token the draft writes: now it ends the draft there
     steered = with_tokens(lm, eos=eos)
     ssr = assert_same(steered, prompt, cfg)
     assert len(ssr.drafts[0]) < len(probe.drafts[0])
@@ -107,8 +108,7 @@ def test_end_of_sequence_inside_a_draft(arch):
 def test_stray_end_of_thinking_in_draft_and_answer(arch):
     lm = model(arch)
     cfg = RunConfig(**SMALL, draft_start=2)
-    prompt, probe = _probe(lm, cfg)
-    stray = probe.drafts[0][4]  # the draft writes this token: make it the end-of-thinking marker
+    prompt, probe, stray = _probe(lm, cfg)  # the draft writes it: make it the end-of-thinking marker
     steered = with_tokens(lm, close=stray)
     assert_same(steered, prompt, cfg)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -39,21 +39,21 @@ TEMPLATES = {
     ),
 }
 
-CORPUS = [
-    "class Garden: def __init__(self): self.rose = 16 return self.rose + self.tulip",
-    "Start with 7. 7 plus 5 is 12. 12 times 3 is 36. The result is \\boxed{36}.",
-    "The quick brown fox jumps over the lazy dog. héllo wörld naïve café 😀 日本語",
-] * 20
-
-
 @functools.lru_cache(maxsize=None)
 def _tokenizer_json() -> str:
-    tok = Tokenizer(models.BPE())
+    """A byte-level BPE with a fixed vocabulary (specials, then the 256 byte symbols) and a few
+    fixed merges: the same ids in every process (a trained BPE can break ties differently)."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {t: i for i, t in enumerate(SPECIALS)}
+    for ch in alphabet:
+        vocab[ch] = len(vocab)
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("Ċ", "Ċ"), ("i", "n"), ("Ġ", "a"), ("e", "r"), ("o", "n")]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(CORPUS, trainer=trainer)
+    tok.add_special_tokens(SPECIALS)
     return tok.to_str()
 
 
