@@ -122,6 +122,52 @@ class Studio:
         filters = {} if method in ("", "all", None) else {"method": method}
         return self.log.runs(limit=limit, **filters)
 
+    def export(self, run_id: int | None, kind: str) -> str:
+        """Write run ``run_id`` (``kind`` "json" or "html") or the runs table ("csv") to a file in
+        a temporary folder; returns its path."""
+        import tempfile  # noqa: PLC0415
+        from pathlib import Path  # noqa: PLC0415
+
+        from ssr_ui.export import run_to_html, run_to_json, runs_to_csv  # noqa: PLC0415
+
+        folder = Path(tempfile.mkdtemp(prefix="ssr-studio-"))
+        if kind == "csv":
+            path = folder / "runs.csv"
+            path.write_text(runs_to_csv(self.log.runs(limit=100_000)), encoding="utf-8")
+            return str(path)
+        if run_id is None:
+            raise ValueError("enter a run id from the table first")
+        row, events = self.log.run(int(run_id)), self.log.events(int(run_id))
+        if kind == "json":
+            text = run_to_json(row, events)
+        elif kind == "html":
+            from ssr_ui.layout import CSS  # noqa: PLC0415
+
+            text = run_to_html(row, events, CSS)
+        else:
+            raise ValueError(f"unknown export format {kind!r}")
+        path = folder / f"run-{int(run_id)}.{kind}"
+        path.write_text(text, encoding="utf-8")
+        return str(path)
+
+    def import_trace(self, path: str) -> Frame:
+        """Render a JSON trace file exported from any studio."""
+        from pathlib import Path  # noqa: PLC0415
+
+        from ssr_ui.export import run_from_json  # noqa: PLC0415
+
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"cannot read {Path(path).name}: {err}") from None
+        row, events = run_from_json(text)
+        view = TraceView()
+        for ev in events:
+            view.apply(ev)
+        view.phase = str(row.get("status", "imported"))
+        return Frame(view.reasoning_html(), view.draft_html(), view.answer_html(),
+                     metrics_html(view, str(row.get("method", "?"))))
+
     def replay(self, run_id: int) -> Frame:
         """Re-render a past run from its logged events."""
         view = TraceView()

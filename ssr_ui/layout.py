@@ -8,6 +8,7 @@ be driven by ``gradio_client``.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import gradio as gr
@@ -16,7 +17,7 @@ from engine.config import RunConfig
 from engine.synthetic import EVAL_SEED_BASE, make_example
 from ssr_ui import charts
 from ssr_ui.handlers import MODES, Studio
-from ssr_ui.render import LEGEND, TraceView
+from ssr_ui.render import LEGEND, TraceView, error_html
 
 CSS = (Path(__file__).resolve().parents[1] / "assets" / "studio.css").read_text()
 HISTORY_COLUMNS = ["id", "created_at", "method", "model", "status", "wall_s", "ttft_s", "reasoning_tokens",
@@ -84,6 +85,12 @@ def build_app(studio: Studio) -> gr.Blocks:
             with gr.Row():
                 run_id = gr.Number(label="Run id", precision=0)
                 show = gr.Button("Show this run")
+                export_json = gr.Button("Export JSON")
+                export_html = gr.Button("Export HTML")
+                export_csv = gr.Button("Export runs CSV")
+            with gr.Row():
+                exported = gr.File(label="Exported file", interactive=False)
+                imported = gr.File(label="Import a JSON trace", file_types=[".json"], type="filepath")
             with gr.Row():
                 h_reasoning, h_draft, h_answer = gr.HTML(), gr.HTML(), gr.HTML()
             h_metrics = gr.HTML()
@@ -121,13 +128,32 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         def show_run(rid):
             if rid is None:
-                return "", "", "", '<div class="metrics error">enter a run id from the table</div>'
+                return "", "", "", error_html("enter a run id from the table")
             try:
                 return studio.replay(int(rid)).as_tuple()[:4]
             except ValueError as err:
-                return "", "", "", f'<div class="metrics error">{err}</div>'
+                return "", "", "", error_html(str(err))
 
         show.click(show_run, [run_id], [h_reasoning, h_draft, h_answer, h_metrics], api_name="replay")
+
+        def do_export(rid, kind):
+            try:
+                return studio.export(rid, kind), ""
+            except ValueError as err:
+                return None, error_html(str(err))
+
+        for button, kind in ((export_json, "json"), (export_html, "html"), (export_csv, "csv")):
+            button.click(partial(do_export, kind=kind), [run_id], [exported, h_metrics])
+
+        def do_import(path):
+            if not path:
+                return "", "", "", ""
+            try:
+                return studio.import_trace(path).as_tuple()[:4]
+            except ValueError as err:
+                return "", "", "", error_html(str(err))
+
+        imported.change(do_import, [imported], [h_reasoning, h_draft, h_answer, h_metrics])
     return demo
 
 

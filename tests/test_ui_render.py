@@ -109,3 +109,40 @@ def test_metrics_strip_counts():
         view.apply(ev)
     html = metrics_html(view, "SSR")
     assert "phase" in html and "done" in html and f">{len(view.answer)}<" in html
+
+
+def test_exports_and_import_round_trip(studio, tmp_path):
+    import csv
+    import json
+
+    list(studio.run("hello <script>x</script>", "SSR", "tiny", **SMALL))
+    rid = studio.history()[0]["id"]
+    doc = json.loads(open(studio.export(rid, "json"), encoding="utf-8").read())
+    assert doc["run"]["config"]["draft_start"] == 2 and doc["events"]
+    page = open(studio.export(rid, "html"), encoding="utf-8").read()
+    assert page.startswith("<!doctype html>") and "<style>" in page and "st-" in page
+    assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+    rows = list(csv.DictReader(open(studio.export(None, "csv"), encoding="utf-8")))
+    assert rows[0]["id"] == str(rid) and "tokens_per_s" in rows[0]
+    imported = studio.import_trace(studio.export(rid, "json"))
+    assert imported.answer == studio.replay(rid).answer
+
+
+@pytest.mark.parametrize("content, message", [
+    ("not json", "not a JSON file"),
+    ('{"format": "other"}', "not an SSR Studio trace"),
+    ('{"format": "ssr-studio-trace/1", "events": [{"kind": "alien"}]}', "event 0 has an unknown kind"),
+    ('{"format": "ssr-studio-trace/1", "events": [{"kind": "token", "bogus": 1}]}', "event 0 is malformed"),
+])
+def test_bad_imports_say_why(studio, tmp_path, content, message):
+    path = tmp_path / "t.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        studio.import_trace(str(path))
+
+
+def test_export_needs_a_run(studio):
+    with pytest.raises(ValueError, match="enter a run id"):
+        studio.export(None, "json")
+    with pytest.raises(ValueError, match="no run with id 5"):
+        studio.export(5, "json")

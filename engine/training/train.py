@@ -2,11 +2,14 @@
 
     python -m engine.training.train --model tiny-reasoner --minutes 60
 
-Each model is a small Llama-architecture causal LM in Hugging Face format under
-``assets/models/NAME``. Training resumes from what is there: the weights, ``training_state.json``
-(step, tokens seen, data RNG state, eval history) and, when the same machine still has it, the
-optimizer state under ``build/train/``. The learning-rate schedule is a function of the step, so
-a resumed run continues the same schedule. Held-out accuracy is measured as it trains.
+    python -m engine.training.train --model tiny-reasoner --export    # checkpoint -> assets/models
+
+Each model is a small Llama-architecture causal LM in Hugging Face format. Checkpoints go to
+``build/train/NAME`` (weights, ``training_state.json`` with step, tokens seen, data RNG state and
+eval history, and the optimizer state); ``--export`` copies the latest one to
+``assets/models/NAME``, the bundled copy. Training resumes from the checkpoint, else from the
+bundled copy (a fresh machine), else from scratch. The learning-rate schedule is a function of
+the step, so a resumed run continues the same schedule. Held-out accuracy is measured as it trains.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import math
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -98,12 +102,29 @@ def make_batch(tokenizer, kind: str, rows: int, rng: random.Random):
 
 
 def save(model, tokenizer, name: str, state: dict, optimizer) -> None:
-    out = MODELS / name
+    out = BUILD / name
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / "training_state.json").write_text(json.dumps(state, indent=1))
-    BUILD.mkdir(parents=True, exist_ok=True)
     torch.save(optimizer.state_dict(), BUILD / f"{name}-optim.pt")
+
+
+def export(name: str) -> None:
+    """Copy the latest checkpoint's model, tokenizer and training state into assets/models."""
+    src, dst = BUILD / name, MODELS / name
+    if not (src / "training_state.json").exists():
+        raise SystemExit(f"no checkpoint of {name} under {src}")
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        shutil.copy2(f, dst / f.name)
+    print(f"exported {name} at step {json.loads((src / 'training_state.json').read_text())['step']} to {dst}")
+
+
+def resume_dir(name: str) -> Path | None:
+    for folder in (BUILD / name, MODELS / name):
+        if (folder / "training_state.json").exists():
+            return folder
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -113,16 +134,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2)))
     ap.add_argument("--save-every", type=float, default=10.0, help="minutes between checkpoints")
     ap.add_argument("--eval-every", type=int, default=500, help="steps between held-out evaluations")
+    ap.add_argument("--export", action="store_true", help="copy the latest checkpoint to assets/models and stop")
     args = ap.parse_args(argv)
+    if args.export:
+        return export(args.model)
     torch.set_num_threads(args.threads)
     kind, arch, batch_size, peak_lr, total = SPECS[args.model]
     tokenizer = load_or_build_tokenizer()
-    out = MODELS / args.model
-    state_file = out / "training_state.json"
-    if state_file.exists():
-        state = json.loads(state_file.read_text())
-        model = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32)
-        print(f"resuming {args.model} at step {state['step']}")
+    start_from = resume_dir(args.model)
+    if start_from is not None:
+        state = json.loads((start_from / "training_state.json").read_text())
+        model = LlamaForCausalLM.from_pretrained(start_from, dtype=torch.float32)
+        print(f"resuming {args.model} at step {state['step']} from {start_from}")
     else:
         torch.manual_seed(1234)
         model = new_model(arch, tokenizer)

@@ -1,0 +1,83 @@
+"""Exporters and the importer: a run as JSON (config, stats, full trace), as a self-contained
+HTML page of the coloured trace, the runs table as CSV; and a JSON trace read back for viewing.
+
+All are plain functions over a run-log row and its events, so the CLI, the UI and the tests use
+the same code.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import html
+import io
+import json
+
+from engine.events import PhaseEvent, StepEvent, TokenEvent
+from ssr_ui.render import LEGEND, TraceView
+
+FORMAT = "ssr-studio-trace/1"
+_KINDS = {"phase": PhaseEvent, "token": TokenEvent, "step": StepEvent}
+
+
+def run_to_json(row: dict, events: list) -> str:
+    """The run's row (config parsed) and every event, as one JSON document."""
+    run = dict(row)
+    run["config"] = json.loads(run["config"]) if isinstance(run.get("config"), str) else run.get("config")
+    return json.dumps({"format": FORMAT, "run": run, "events": [dataclasses.asdict(e) for e in events]},
+                      indent=1, ensure_ascii=False)
+
+
+def run_from_json(text: str) -> tuple[dict, list]:
+    """Read a trace written by :func:`run_to_json`; ValueError says what is wrong with it."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not a JSON file ({err.msg} at line {err.lineno})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError(f"not an SSR Studio trace (expected \"format\": \"{FORMAT}\")")
+    events = []
+    for i, raw in enumerate(doc.get("events", [])):
+        cls = _KINDS.get(raw.get("kind")) if isinstance(raw, dict) else None
+        if cls is None:
+            raise ValueError(f"event {i} has an unknown kind")
+        try:
+            events.append(cls(**raw))
+        except TypeError as err:
+            raise ValueError(f"event {i} is malformed: {err}") from None
+    return doc.get("run", {}), events
+
+
+def run_to_html(row: dict, events: list, css: str) -> str:
+    """A self-contained page: the settings, the three panes coloured as in the studio."""
+    view = TraceView()
+    for ev in events:
+        view.apply(ev)
+    drafts = "".join(f"<h3>Draft {d}</h3>{view.draft_html(d)}" for d in sorted(view.drafts)) or view.draft_html()
+    facts = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(row.get(k)))}</td></tr>"
+                    for k in ("method", "model", "status", "wall_s", "ttft_s", "reasoning_tokens", "answer_tokens",
+                              "accepted", "recovered", "generated", "rejected", "config"))
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>SSR Studio trace #{html.escape(str(row.get("id", "")))}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:24px;max-width:1400px}}
+.grid{{display:grid;grid-template-columns:1fr 1fr 1fr;gap:16px}} th{{text-align:left;padding-right:12px}}
+{css}</style></head><body>
+<h1>SSR Studio trace</h1>
+<p><b>Prompt:</b> {html.escape(str(row.get("prompt", "")))}</p>
+<table>{facts}</table>
+{LEGEND}
+<div class="grid"><div><h2>Reasoning</h2>{view.reasoning_html()}</div>
+<div><h2>Draft</h2>{drafts}</div><div><h2>Final answer</h2>{view.answer_html()}</div></div>
+</body></html>
+"""
+
+
+def runs_to_csv(rows: list[dict]) -> str:
+    """The runs table as CSV, every column, one line per run."""
+    if not rows:
+        return ""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
