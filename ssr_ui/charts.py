@@ -57,3 +57,22 @@ def speedup_vs_draft_start(rows: list[dict]) -> go.Figure:
     fig.update_layout(title="SSR latency / baseline vs draft start", xaxis_title="draft start (reasoning tokens)",
                       yaxis_title="latency ratio", height=320, margin=dict(t=40, b=30))
     return fig
+
+
+def sweep_chart(points: list[dict]) -> go.Figure:
+    """Draft-start sweep: latency ratio to baseline (left axis) and answer tokens taken from the
+    drafts (right axis) against the draft start."""
+    xs = [p["draft_start"] for p in points]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=xs, y=[p["ratio"] for p in points], name="latency / baseline", mode="lines+markers",
+                             marker_color=COLORS["ssr"]))
+    fig.add_trace(go.Bar(x=xs, y=[p["accepted"] for p in points], name="accepted", marker_color=COLORS["accepted"],
+                         opacity=0.5, yaxis="y2"))
+    fig.add_trace(go.Bar(x=xs, y=[p["recovered"] for p in points], name="recovered", marker_color=COLORS["recovered"],
+                         opacity=0.5, yaxis="y2"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#6b7280")
+    fig.update_layout(title="Draft-start sweep", xaxis_title="draft start (reasoning tokens)", barmode="stack",
+                      yaxis=dict(title="latency ratio to baseline"),
+                      yaxis2=dict(title="answer tokens from drafts", overlaying="y", side="right"),
+                      height=360, margin=dict(t=40, b=30))
+    return fig

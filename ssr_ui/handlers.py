@@ -117,6 +117,37 @@ class Studio:
         identical = view.done.answer_text == base["answer_text"] if cfg.greedy else None
         return {"ratio": view.done.stats.wall_s / base["wall_s"], "identical": identical}
 
+    def sweep(self, prompt: str, model_name: str = "", start: int = 0, stop: int = 200, step: int = 20,
+              **settings) -> Iterator[tuple[str, object]]:
+        """Run baseline once, then SSR at draft starts ``start, start + step, ... <= stop``; yield
+        (status HTML, chart) after each run. Every run is logged like any other."""
+        try:
+            if not prompt or not prompt.strip():
+                raise ValueError("type a prompt first")
+            if step < 1 or start < 0 or stop < start:
+                raise ValueError(f"sweep range {start}..{stop} step {step} is empty or negative")
+            starts = list(range(int(start), int(stop) + 1, int(step)))
+            if len(starts) > 50:
+                raise ValueError(f"{len(starts)} draft starts is too many for one sweep (at most 50)")
+            configs = [self.config(model_name, **{**settings, "draft_start": d}).check_ssr() for d in starts]
+            with self._lock:
+                lm = self.model(model_name)
+                base = TraceView()
+                for _ in self._stream(lm, prompt, "Baseline", configs[0], base):
+                    pass
+                points = []
+                for d, cfg in zip(starts, configs):
+                    view = TraceView()
+                    for _ in self._stream(lm, prompt, "SSR", cfg, view):
+                        pass
+                    s = view.stats
+                    points.append({"draft_start": d, "ratio": s.wall_s / base.stats.wall_s, "accepted": s.accepted,
+                                   "recovered": s.recovered})
+                    yield (f'<div class="metrics">sweep: {len(points)} / {len(starts)} draft starts done</div>',
+                           charts.sweep_chart(points))
+        except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
+            yield error_html(str(err)), None
+
     # ------------------------------------------------------------------ history
     def history(self, method: str = "all", limit: int = 200) -> list[dict]:
         filters = {} if method in ("", "all", None) else {"method": method}

@@ -50,6 +50,14 @@ def build_app(studio: Studio) -> gr.Blocks:
                         stop_btn = gr.Button("Stop", variant="stop")
             gr.Examples(examples(), inputs=[prompt], label="Examples")
             draft_start = gr.Slider(0, 2000, value=cfg.draft_start, step=1, label="Draft start (reasoning tokens)")
+            with gr.Accordion("Draft-start sweep", open=False):
+                with gr.Row():
+                    sweep_from = gr.Number(value=0, precision=0, label="From")
+                    sweep_to = gr.Number(value=min(cfg.max_think - 1, 4 * cfg.draft_start or 200), precision=0, label="To")
+                    sweep_step = gr.Number(value=max(1, cfg.draft_start // 2 or 20), precision=0, label="Step")
+                    sweep_btn = gr.Button("Sweep draft start")
+                sweep_status = gr.HTML()
+                sweep_plot = gr.Plot(label="Sweep")
             with gr.Accordion("SSR settings", open=False):
                 with gr.Row():
                     max_think = gr.Number(value=cfg.max_think, precision=0, label="Max think")
@@ -116,6 +124,16 @@ def build_app(studio: Studio) -> gr.Blocks:
                   suffix, lookup, temperature, seed],
             [reasoning_pane, draft_pane, answer_pane, metrics, chart], api_name="run", concurrency_limit=1)
         stop_btn.click(None, None, None, cancels=[run_event])
+
+        def sweep(prompt, model, start, stop, step, max_think, max_draft, max_answer, temperature, seed):
+            settings = {k: _coerce(k, v) for k, v in dict(max_think=max_think, max_draft=max_draft,
+                        max_answer=max_answer, temperature=temperature, seed=seed).items() if v is not None}
+            yield from studio.sweep(prompt, model, int(start or 0), int(stop or 0), int(step or 1), **settings)
+
+        sweep_event = sweep_btn.click(sweep, [prompt, model, sweep_from, sweep_to, sweep_step, max_think, max_draft,
+                                              max_answer, temperature, seed], [sweep_status, sweep_plot],
+                                      api_name="sweep", concurrency_limit=1)
+        stop_btn.click(None, None, None, cancels=[sweep_event])
 
         def load_history(method_name):
             rows = studio.history(method_name)

@@ -146,3 +146,13 @@ def test_export_needs_a_run(studio):
         studio.export(None, "json")
     with pytest.raises(ValueError, match="no run with id 5"):
         studio.export(5, "json")
+
+
+def test_draft_start_sweep(studio):
+    out = list(studio.sweep("hello", "tiny", 0, 6, 3, max_think=10, max_draft=6, max_answer=8))
+    assert len(out) == 3 and "3 / 3" in out[-1][0]
+    fig = out[-1][1]
+    assert list(fig.data[0].x) == [0, 3, 6] and all(y > 0 for y in fig.data[0].y)
+    assert [r["method"] for r in studio.history()].count("ssr") == 3
+    bad = list(studio.sweep("hello", "tiny", 5, 2, 1))
+    assert "is empty" in bad[-1][0] and bad[-1][1] is None
