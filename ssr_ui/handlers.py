@@ -16,13 +16,16 @@ from engine.config import RunConfig
 from engine.methods import decoder
 from engine.model import LoadedModel, ModelLoadError, SSRUnsupportedError, load_model
 from engine.presets import recommended_settings
+from engine.prm import make_scorer
+from engine.rsd import check_pair
 from engine.runlog import RunLog, RunMeta, prompt_hash
 from ssr_ui import charts
 from ssr_ui.render import TraceView, error_html, metrics_html
 
 UPDATES_PER_S = 12
-METHOD_NAMES = {"Baseline": "baseline", "SSR": "ssr"}
-MODES = ("Baseline", "SSR", "Compare")
+METHOD_NAMES = {"Baseline": "baseline", "SSR": "ssr", "RSD": "rsd"}
+MODES = ("Baseline", "SSR", "RSD", "Compare")
+DEFAULT_DRAFT, DEFAULT_PRM = "tiny-reasoner-draft", "tiny-prm"
 
 
 @dataclass
@@ -45,6 +48,7 @@ class Studio:
         self.device = device
         self.log = RunLog(db)
         self._models: dict[str, LoadedModel] = {}
+        self._scorers: dict[str, object] = {}
         self._lock = threading.Lock()  # one run on the model at a time
 
     def model(self, name: str) -> LoadedModel:
@@ -53,14 +57,21 @@ class Studio:
             self._models[name] = load_model(name, device=self.device)
         return self._models[name]
 
+    def scorer(self, name: str):
+        name = (name or DEFAULT_PRM).strip()
+        if name not in self._scorers:
+            self._scorers[name] = make_scorer(name, self.device)
+        return self._scorers[name]
+
     def config(self, model_name: str, **settings) -> RunConfig:
         """The run's config: the model's recommended settings under what the user set."""
         return RunConfig(**{**recommended_settings(model_name or self.default_model), **settings})
 
     # ------------------------------------------------------------------ the streaming handler
-    def run(self, prompt: str, method: str = "SSR", model_name: str = "", **settings) -> Iterator[Frame]:
-        """Stream a run (or, for "Compare", baseline then SSR) as UI frames; errors become a
-        message in the metrics strip, never an exception in the page."""
+    def run(self, prompt: str, method: str = "SSR", model_name: str = "", draft_model: str = DEFAULT_DRAFT,
+            prm: str = DEFAULT_PRM, **settings) -> Iterator[Frame]:
+        """Stream a run (or, for "Compare", baseline, SSR and RSD in turn) as UI frames; errors
+        become a message in the metrics strip, never an exception in the page."""
         view = TraceView()
         try:
             if not prompt or not prompt.strip():
@@ -68,17 +79,22 @@ class Studio:
             if method not in MODES:
                 raise ValueError(f"unknown method {method!r}; choose one of {', '.join(MODES)}")
             cfg = self.config(model_name, **settings)
-            if method != "Baseline":
+            if method in ("SSR", "Compare"):
                 cfg.check_ssr()
             yield Frame(view.reasoning_html(), view.draft_html(), view.answer_html(),
                         '<div class="metrics">loading the model…</div>')
             with self._lock:
                 lm = self.model(model_name)
-                runs = ["Baseline", "SSR"] if method == "Compare" else [method]
+                runs = ["Baseline", "SSR", "RSD"] if method == "Compare" else [method]
+                rsd = {}
+                if "RSD" in runs:
+                    rsd = {"draft": self.model(draft_model or DEFAULT_DRAFT), "scorer": self.scorer(prm),
+                           "draft_name": draft_model or DEFAULT_DRAFT, "prm_name": prm or DEFAULT_PRM}
+                    check_pair(lm, rsd["draft"])
                 latencies = {}
                 for name in runs:
                     view = TraceView()
-                    for frame in self._stream(lm, prompt, name, cfg, view):
+                    for frame in self._stream(lm, prompt, name, cfg, view, rsd):
                         yield frame
                     latencies[name] = view.stats.wall_s if view.stats else None
                 chart = charts.latency_bars(latencies) if method == "Compare" else None
@@ -86,13 +102,16 @@ class Studio:
         except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
             yield Frame(view.reasoning_html(), view.draft_html(), view.answer_html(), error_html(str(err)))
 
-    def _stream(self, lm, prompt, name, cfg, view) -> Iterator[Frame]:
+    def _stream(self, lm, prompt, name, cfg, view, rsd: dict | None = None) -> Iterator[Frame]:
         method = METHOD_NAMES[name]
         if method == "ssr":
             lm.require_markers()
-        meta = RunMeta(method, lm.model_id, prompt, cfg.to_dict(), device=str(lm.device))
+        rsd = rsd or {}
+        meta = RunMeta(method, lm.model_id, prompt, cfg.to_dict(), device=str(lm.device),
+                       draft_model=rsd.get("draft_name") if method == "rsd" else None,
+                       prm=rsd.get("prm_name") if method == "rsd" else None)
         last = 0.0
-        for ev in self.log.record(decoder(method, lm)(prompt, cfg), meta):
+        for ev in self.log.record(decoder(method, lm, rsd.get("draft"), rsd.get("scorer"))(prompt, cfg), meta):
             view.apply(ev)
             now = time.perf_counter()
             if now - last >= 1.0 / UPDATES_PER_S:

@@ -14,9 +14,11 @@ from pathlib import Path
 import gradio as gr
 
 from engine.config import RunConfig
+from engine.methods import METHODS
 from engine.synthetic import EVAL_SEED_BASE, make_example
 from ssr_ui import charts
-from ssr_ui.handlers import MODES, Studio
+from engine.acceptance import WEIGHTINGS
+from ssr_ui.handlers import DEFAULT_DRAFT, DEFAULT_PRM, MODES, Studio
 from ssr_ui.render import LEGEND, TraceView, error_html
 
 CSS = (Path(__file__).resolve().parents[1] / "assets" / "studio.css").read_text()
@@ -71,6 +73,15 @@ def build_app(studio: Studio) -> gr.Blocks:
                 with gr.Row():
                     temperature = gr.Slider(0, 2, value=cfg.temperature, step=0.05, label="Temperature (0 = greedy)")
                     seed = gr.Number(value=cfg.seed, precision=0, label="Seed")
+            with gr.Accordion("RSD settings", open=False):
+                with gr.Row():
+                    draft_model = gr.Textbox(value=DEFAULT_DRAFT, label="Draft model")
+                    prm = gr.Textbox(value=DEFAULT_PRM, label="Process reward model",
+                                     info="math-shepherd format, or 'target-likelihood' (no PRM)")
+                with gr.Row():
+                    threshold = gr.Slider(0, 1.05, value=cfg.threshold, step=0.05, label="Threshold (binary rule)")
+                    weighting = gr.Dropdown(list(WEIGHTINGS), value=cfg.weighting, label="Weighting")
+                    weight_param = gr.Number(value=cfg.weight_param, label="Weight parameter (constant p, logistic a)")
             gr.HTML(LEGEND)
             metrics = gr.HTML('<div class="metrics">ready</div>')
             with gr.Row(equal_height=False):
@@ -87,7 +98,7 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         with gr.Tab("History"):
             with gr.Row():
-                method_filter = gr.Dropdown(["all", "baseline", "ssr", "hf", "hf-pld"], value="all", label="Method")
+                method_filter = gr.Dropdown(["all", *METHODS], value="all", label="Method")
                 refresh = gr.Button("Refresh")
             table = gr.Dataframe(headers=HISTORY_COLUMNS, interactive=False, wrap=True)
             with gr.Row():
@@ -110,18 +121,21 @@ def build_app(studio: Studio) -> gr.Blocks:
                 max_think: int = cfg.max_think, max_draft: int = cfg.max_draft, max_answer: int = cfg.max_answer,
                 num_drafts: int = cfg.num_drafts, draft_interval: int = cfg.draft_interval,
                 suffix_recovery: bool = cfg.suffix_recovery, context_lookup: bool = cfg.context_lookup,
-                temperature: float = cfg.temperature, seed: int = cfg.seed):
+                temperature: float = cfg.temperature, seed: int = cfg.seed, draft_model: str = DEFAULT_DRAFT,
+                prm: str = DEFAULT_PRM, threshold: float = cfg.threshold, weighting: str = cfg.weighting,
+                weight_param: float = cfg.weight_param):
             settings = dict(draft_start=draft_start, max_think=max_think, max_draft=max_draft, max_answer=max_answer,
                             num_drafts=num_drafts, draft_interval=draft_interval, suffix_recovery=suffix_recovery,
-                            context_lookup=context_lookup, temperature=temperature, seed=seed)
+                            context_lookup=context_lookup, temperature=temperature, seed=seed, threshold=threshold,
+                            weighting=weighting, weight_param=weight_param)
             settings = {k: _coerce(k, v) for k, v in settings.items() if v is not None}
-            for frame in studio.run(prompt, method, model, **settings):
+            for frame in studio.run(prompt, method, model, draft_model, prm, **settings):
                 *panes, fig = frame.as_tuple()
                 yield (*panes, gr.update(value=fig, visible=fig is not None))
 
         run_event = run_btn.click(
             run, [prompt, method, model, draft_start, max_think, max_draft, max_answer, num_drafts, draft_interval,
-                  suffix, lookup, temperature, seed],
+                  suffix, lookup, temperature, seed, draft_model, prm, threshold, weighting, weight_param],
             [reasoning_pane, draft_pane, answer_pane, metrics, chart], api_name="run", concurrency_limit=1)
         stop_btn.click(None, None, None, cancels=[run_event])
 
@@ -177,6 +191,8 @@ def build_app(studio: Studio) -> gr.Blocks:
 
 def _coerce(name: str, value):
     kind = type(getattr(RunConfig(), name))
+    if kind is str:
+        return str(value)
     if kind is bool:
         return bool(value)
     if kind is int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
-from engine.events import DoneEvent, PhaseEvent, RunStats, TokenEvent
+from engine.events import DoneEvent, PhaseEvent, RunStats, StepEvent, TokenEvent
 
 STATUS_LABEL = {"generated": "generated", "accepted": "accepted", "recovered": "suffix-recovered",
                 "rejected": "rejected"}
@@ -47,6 +47,8 @@ class TraceView:
     elapsed: float = 0.0
     stats: RunStats | None = None
     done: DoneEvent | None = None
+    steps: list[StepEvent] = field(default_factory=list)  # RSD: settled steps, rejected drafts first
+    step_ends: dict[tuple[str, int], StepEvent] = field(default_factory=dict)  # (stream, tokens before) -> step
 
     def apply(self, ev) -> None:
         if isinstance(ev, PhaseEvent):
@@ -68,6 +70,11 @@ class TraceView:
                     toks[ev.position].match_len = ev.match_len
                 else:
                     toks.append(tok)
+        elif isinstance(ev, StepEvent):
+            self.steps.append(ev)
+            if ev.accepted is not False:  # a kept step ends here: mark it where its last token is
+                where = ("answer", len(self.answer)) if self.answer else ("reasoning", len(self.reasoning))
+                self.step_ends[where] = ev
         elif isinstance(ev, DoneEvent):
             self.done, self.stats, self.phase = ev, ev.stats, "done"
         self.elapsed = max(self.elapsed, getattr(ev, "t", 0.0) or 0.0)
@@ -81,12 +88,28 @@ class TraceView:
                 if at == i:
                     spans.append(f'<span class="fork" title="draft {d} forked here">▼ draft {d}</span>')
             spans.append(tok.span())
+            spans += self._step_badge("reasoning", i + 1)
         for d, at in forks:
             if at >= len(self.reasoning):
                 spans.append(f'<span class="fork" title="draft {d} forked here">▼ draft {d}</span>')
         return _pane(spans, "The reasoning appears here.")
 
+    def _step_badge(self, stream: str, end: int) -> list[str]:
+        step = self.step_ends.get((stream, end))
+        if step is None:
+            return []
+        score = f" {step.reward:.2f}" if step.reward is not None else ""
+        return [f'<span class="step step-{step.source}" title="step {step.index}: written by the {step.source}'
+                f'{", PRM score" + score if score else ""}">{step.source}{score}</span>']
+
     def draft_html(self, which: int | None = None) -> str:
+        if self.steps:  # RSD: every rejected draft step, with the score that rejected it
+            rejected = [s for s in self.steps if s.accepted is False]
+            if not rejected:
+                return _pane([], "No draft step rejected so far.")
+            return "".join(f'<div class="pane-note">step {s.index} · PRM score {s.reward:.2f} · rewritten by the '
+                           f'target</div>' + _pane([t.span() for t in self.drafts.get(s.index, [])], "")
+                           for s in rejected)
         if not self.drafts:
             return _pane([], "No draft yet: a draft forks at the draft-start token of the reasoning.")
         which = max(self.drafts) if which is None or which not in self.drafts else which
@@ -94,13 +117,19 @@ class TraceView:
         return head + _pane([t.span() for t in self.drafts[which]], "The draft is starting.")
 
     def answer_html(self) -> str:
-        return _pane([t.span() for t in self.answer], "The answer appears when the reasoning ends.")
+        spans = []
+        for i, tok in enumerate(self.answer):
+            spans.append(tok.span())
+            spans += self._step_badge("answer", i + 1)
+        return _pane(spans, "The answer appears when the reasoning ends.")
 
     def counts(self) -> dict[str, int]:
         out = {s: 0 for s in ("accepted", "recovered", "generated")}
         for t in self.answer:
             out[t.status] += 1
         out["rejected"] = sum(t.status == "rejected" for toks in self.drafts.values() for t in toks)
+        out["steps_kept"] = sum(s.source == "draft" and s.accepted is True for s in self.steps)
+        out["steps_rewritten"] = sum(s.accepted is False for s in self.steps)
         return out
 
 
@@ -115,7 +144,8 @@ LEGEND = (
     '<span class="tok st-recovered">suffix-recovered</span> taken after a mismatch by suffix matching · '
     '<span class="tok st-generated">generated</span> the model\'s own token · '
     '<span class="tok st-rejected">rejected</span> proposed, not taken · '
-    '<span class="fork">▼</span> where a draft forked'
+    '<span class="fork">▼</span> where a draft forked · RSD: <span class="step step-draft">draft 0.91</span> a draft '
+    'step kept with its PRM score, <span class="step step-target">target</span> a step the target rewrote'
     "</div>"
 )
 
@@ -135,6 +165,10 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         ("recovered", f"{c['recovered']} ({c['recovered'] / answered:.0%})"),
         ("generated", str(c["generated"])), ("rejected", str(c["rejected"])),
     ]
+    if view.steps:
+        items += [("steps kept", str(c["steps_kept"])), ("steps rewritten", str(c["steps_rewritten"]))]
+    if view.stats and view.stats.flops:
+        items.append(("FLOPs", f"{view.stats.flops:.3g}"))
     if view.stats and view.stats.ttft_s is not None:
         items.insert(3, ("first answer token", f"{view.stats.ttft_s:.2f} s"))
     if compare:

@@ -49,8 +49,12 @@ def test_fork_marker_sits_in_the_reasoning():
 
 @pytest.fixture
 def studio(tmp_path):
+    from engine.prm import MathShepherdScorer
+
     s = Studio("tiny", db=str(tmp_path / "runs.db"))
     s._models["tiny"] = make_model("llama", init_scale=3.0)
+    s._models["tiny-draft"] = make_model("qwen2", seed=4, init_scale=2.0)
+    s._scorers["tiny-prm"] = MathShepherdScorer(make_model("llama", seed=5))
     return s
 
 
@@ -68,10 +72,10 @@ def test_run_streams_logs_and_compares(studio):
     assert baseline[-1].metrics.count("vs baseline") == 0
 
 
-def test_compare_mode_runs_both_and_charts(studio):
-    frames = list(studio.run("hello", "Compare", "tiny", **SMALL))
-    assert frames[-1].chart is not None
-    assert [r["method"] for r in studio.history()] == ["ssr", "baseline"]
+def test_compare_mode_runs_all_three_and_charts(studio):
+    frames = list(studio.run("hello", "Compare", "tiny", "tiny-draft", "tiny-prm", **SMALL))
+    assert frames[-1].chart is not None and len(frames[-1].chart.data[0].x) == 3
+    assert [r["method"] for r in studio.history()] == ["rsd", "ssr", "baseline"]
 
 
 @pytest.mark.parametrize("prompt, method, settings, message", [
@@ -93,9 +97,9 @@ def test_missing_model_is_a_message(studio, tmp_path):
 
 
 def test_chart_builders(studio):
-    list(studio.run("hello", "Compare", "tiny", **SMALL))
+    list(studio.run("hello", "Compare", "tiny", "tiny-draft", "tiny-prm", **SMALL))
     rows = studio.history()
-    assert len(charts.latency_by_method(rows).data) == 2
+    assert len(charts.latency_by_method(rows).data) == 3
     assert [t.name for t in charts.token_composition(rows).data] == ["accepted", "recovered", "generated"]
     assert len(charts.speedup_vs_draft_start(rows).data[0].x) == 1
     bars = charts.latency_bars({"Baseline": 1.0, "SSR": 0.5})
@@ -156,3 +160,24 @@ def test_draft_start_sweep(studio):
     assert [r["method"] for r in studio.history()].count("ssr") == 3
     bad = list(studio.sweep("hello", "tiny", 5, 2, 1))
     assert "is empty" in bad[-1][0] and bad[-1][1] is None
+
+
+def test_rsd_mode_shows_steps_scores_and_rejections(studio):
+    settings = dict(max_think=20, max_answer=6, max_step_tokens=4, max_steps=6, threshold=0.5)
+    frames = list(studio.run("Start with 7", "RSD", "tiny", "tiny-draft", "tiny-prm", **settings))
+    last = frames[-1]
+    assert "steps kept" in last.metrics and "FLOPs" in last.metrics
+    assert 'class="step step-' in last.reasoning + last.answer
+    row = studio.history()[0]
+    assert row["method"] == "rsd" and row["draft_model"] == "tiny-draft" and row["prm"] == "tiny-prm"
+    assert row["steps_accepted"] + row["steps_rejected"] > 0
+    if row["steps_rejected"]:
+        assert "rewritten by the target" in last.draft and "st-rejected" in last.draft
+
+
+def test_rsd_with_incompatible_draft_is_a_message(studio):
+    other = make_model("qwen2")
+    other.tokenizer.add_tokens(["<extra>"])
+    studio._models["odd"] = other
+    frames = list(studio.run("hi", "RSD", "tiny", "odd", "target-likelihood", max_think=10))
+    assert "do not share a tokenizer" in frames[-1].metrics
