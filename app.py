@@ -9,6 +9,7 @@ the model loads on the first run and stays cached.
 from __future__ import annotations
 
 import argparse
+import os
 
 from ssr_ui.layout import CSS, build_app
 from ssr_ui.handlers import Studio
@@ -17,8 +18,9 @@ from ssr_ui.handlers import Studio
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="SSR Studio")
     ap.add_argument("--model", default="tiny-reasoner", help="bundled name, preset, local folder or Hub id")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=7860)
+    # a Hugging Face Space sets GRADIO_SERVER_NAME=0.0.0.0; locally the app stays on loopback
+    ap.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
+    ap.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
     ap.add_argument("--share", action="store_true", help="create a public gradio.live link")
     ap.add_argument("--db", default="runs.db", help="SQLite run log")
     ap.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")

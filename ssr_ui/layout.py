@@ -22,6 +22,14 @@ from ssr_ui.handlers import DEFAULT_DRAFT, DEFAULT_PRM, MODES, Studio
 from ssr_ui.render import LEGEND, TraceView, error_html
 
 CSS = (Path(__file__).resolve().parents[1] / "assets" / "studio.css").read_text()
+
+try:  # on a ZeroGPU Space, each run borrows a GPU; elsewhere nothing changes
+    import spaces
+
+    on_gpu = spaces.GPU(duration=120)
+except ImportError:
+    def on_gpu(fn):
+        return fn
 HISTORY_COLUMNS = ["id", "created_at", "method", "model", "status", "wall_s", "ttft_s", "reasoning_tokens",
                    "answer_tokens", "accepted", "recovered", "generated", "rejected", "tokens_per_s", "prompt"]
 
@@ -117,6 +125,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                 c_latency, c_tokens, c_speedup = gr.Plot(), gr.Plot(), gr.Plot()
 
         # ------------------------------------------------------------------ wiring
+        @on_gpu
         def run(prompt: str, method: str = "SSR", model: str = "", draft_start: int = cfg.draft_start,
                 max_think: int = cfg.max_think, max_draft: int = cfg.max_draft, max_answer: int = cfg.max_answer,
                 num_drafts: int = cfg.num_drafts, draft_interval: int = cfg.draft_interval,
@@ -139,6 +148,7 @@ def build_app(studio: Studio) -> gr.Blocks:
             [reasoning_pane, draft_pane, answer_pane, metrics, chart], api_name="run", concurrency_limit=1)
         stop_btn.click(None, None, None, cancels=[run_event])
 
+        @on_gpu
         def sweep(prompt, model, start, stop, step, max_think, max_draft, max_answer, temperature, seed):
             settings = {k: _coerce(k, v) for k, v in dict(max_think=max_think, max_draft=max_draft,
                         max_answer=max_answer, temperature=temperature, seed=seed).items() if v is not None}

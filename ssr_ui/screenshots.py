@@ -1,0 +1,80 @@
+"""Refresh the studio screenshots in docs/: launch the app, drive it in headless Chromium.
+
+    python -m ssr_ui.screenshots --out docs/img [--port 7870]
+
+Needs Debian's chromium (``apt-get install -y chromium``) and the playwright package. Takes the
+main tab mid-run and after an SSR run, compare mode, an RSD run, and the history tab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from engine.synthetic import EVAL_SEED_BASE, make_example
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--no-first-run", "--disable-sync"]
+
+
+def _wait_done(page, timeout_ms: int = 180_000) -> None:
+    page.wait_for_function("[...document.querySelectorAll('.metrics .v')].some(v => v.innerText === 'done')",
+                           timeout=timeout_ms)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser(prog="python -m ssr_ui.screenshots")
+    ap.add_argument("--out", default="docs/img")
+    ap.add_argument("--port", type=int, default=7870)
+    ap.add_argument("--prm", default="tiny-prm")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    db = Path(tempfile.mkdtemp()) / "runs.db"
+    app = subprocess.Popen([sys.executable, "app.py", "--port", str(args.port), "--db", str(db)])
+    try:
+        time.sleep(8)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page(viewport={"width": 1500, "height": 1150})
+            page.goto(f"http://127.0.0.1:{args.port}/")
+            page.get_by_label("Prompt").fill(make_example("classes", EVAL_SEED_BASE + 1).prompt)
+            page.get_by_role("button", name="Run", exact=True).click()
+            page.wait_for_selector(".pane .st-accepted", state="attached", timeout=120_000)
+            page.screenshot(path=str(out / "main-mid-run.png"), full_page=True)
+            _wait_done(page)
+            page.screenshot(path=str(out / "main-after-ssr.png"), full_page=True)
+            page.get_by_label("Compare").check()
+            page.get_by_text("RSD settings").click()
+            page.get_by_label("Process reward model").fill(args.prm)
+            page.get_by_role("button", name="Run", exact=True).click()
+            page.wait_for_selector(".js-plotly-plot", timeout=300_000)
+            _wait_done(page)
+            page.screenshot(path=str(out / "compare.png"), full_page=True)
+            page.get_by_label("RSD", exact=True).check()
+            page.get_by_label("Prompt").fill(make_example("arithmetic", EVAL_SEED_BASE + 2).prompt)
+            page.get_by_role("button", name="Run", exact=True).click()
+            page.wait_for_selector(".pane .step", state="attached", timeout=120_000)
+            _wait_done(page)
+            page.screenshot(path=str(out / "rsd.png"), full_page=True)
+            page.get_by_role("tab", name="History").click()
+            page.get_by_role("button", name="Refresh").click()
+            page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+            time.sleep(2)
+            page.screenshot(path=str(out / "history.png"), full_page=True)
+            browser.close()
+    finally:
+        app.terminate()
+        app.wait(timeout=20)
+    print(f"screenshots in {out}")
+
+
+if __name__ == "__main__":
+    main()
