@@ -47,13 +47,15 @@ class MathShepherdScorer:
         return self.lm.tokenizer.encode(text, add_special_tokens=False)
 
     def _piece(self, step: str) -> list[int]:
-        sep = "\n" if self._started else ""
+        # pieces start at whitespace, where byte-level pre-tokenizers split anyway, so encoding
+        # piece by piece gives the same tokens as encoding math-shepherd's whole input at once
+        sep = "\n" if self._started else " "
         return self._encode(f"{sep}{_clean(step)} {STEP_TAG}")
 
     def start(self, question: str) -> None:
         """A new run: a fresh cache, the question encoded once."""
         self.model = CachedModel(self.lm)
-        self.tokens = self._encode(question + " ")
+        self.tokens = self._encode(question)
         self._started = False
 
     def score(self, candidate: str, seq: list[int] | None = None, step_tokens: list[int] | None = None) -> float:

@@ -84,6 +84,9 @@ def test_math_shepherd_scores_in_unit_interval_and_incrementally():
         logits = prm.lm.model(torch.tensor([ids])).logits[0, -1]
     fresh = torch.softmax(logits[[prm.plus, prm.minus]].float(), -1)[0]
     assert ids[-1] == prm.tag and second == pytest.approx(float(fresh), abs=1e-9)
+    # piece-by-piece encoding equals encoding math-shepherd's whole input at once
+    whole = tok.encode("What is 7 plus 5? 7 plus 5 is 12. ки\nThe result is \\boxed{12}. ки", add_special_tokens=False)
+    assert ids == whole
 
 
 def test_prm_without_step_tag_does_not_fit():
