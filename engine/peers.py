@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 from transformers.generation.streamers import BaseStreamer
@@ -77,7 +78,7 @@ def decode_hf(lm: LoadedModel, prompt: str, cfg: RunConfig, prompt_lookup: bool 
             stamp = clock.times[offset + i] - start if offset + i < len(clock.times) else ev.t
             if stream == "answer" and i == 0:
                 rec.stats.ttft_s = stamp
-            yield _at(ev, stamp)
+            yield replace(ev, t=stamp)
     rec.forward(calls[0])
     yield rec.phase("done")
     stamps = [t - start for t in clock.times] or [wall]
@@ -86,9 +87,3 @@ def decode_hf(lm: LoadedModel, prompt: str, cfg: RunConfig, prompt_lookup: bool 
     s.reasoning_s = stamps[max(cut - 1, 0)] - stamps[0] if cut else 0.0
     s.answer_s = wall - (stamps[cut - 1] if cut else stamps[0])
     yield rec.done(wall_s=wall)
-
-
-def _at(ev, t: float):
-    from dataclasses import replace  # noqa: PLC0415
-
-    return replace(ev, t=t)

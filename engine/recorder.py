@@ -14,9 +14,6 @@ import torch
 from engine.detok import IncrementalDetokenizer
 from engine.events import DoneEvent, PhaseEvent, RunStats, TokenEvent
 
-_COUNTERS = {"accepted": "accepted", "recovered": "recovered", "generated": "generated"}
-
-
 class Recorder:
     def __init__(self, tokenizer, method: str, prompt_tokens: int, device: torch.device | None = None) -> None:
         self.tokenizer = tokenizer
@@ -65,7 +62,7 @@ class Recorder:
             s.answer_tokens += 1
             if s.ttft_s is None:
                 s.ttft_s = self.now()
-            setattr(s, _COUNTERS[status], getattr(s, _COUNTERS[status]) + 1)
+            setattr(s, status, getattr(s, status) + 1)  # accepted / recovered / generated
         else:
             s.draft_tokens += 1
             self._draft_pieces.setdefault(draft, []).append(piece)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from pathlib import Path
 
 import torch
 
@@ -71,6 +72,39 @@ def accuracy(model, tokenizer, kind: str, n: int = 24) -> dict:
     return {s: round(suite_accuracy(model, tokenizer, s, n), 4) for s in suites}
 
 
+KNOWN = {"classes": EVAL_SEED_BASE + 42, "arithmetic": EVAL_SEED_BASE + 42}
+KNOWN_BUDGET = dict(max_think=300, max_answer=250, draft_start=60)
+
+
+def known_outputs(models_dir) -> dict:
+    """Each bundled model's greedy output on a fixed held-out prompt (the PRM: its scores on a
+    fixed correct and a fixed corrupted solution). tests/test_bundled.py checks these."""
+    from engine.baseline import decode_baseline  # noqa: PLC0415
+    from engine.config import RunConfig  # noqa: PLC0415
+    from engine.model import load_model  # noqa: PLC0415
+
+    out = {}
+    for name in ("tiny-reasoner", "tiny-reasoner-draft"):
+        if (models_dir / name / "config.json").exists():
+            lm = load_model(str(models_dir / name))
+            suite = "classes" if name == "tiny-reasoner" else "arithmetic"
+            prompt = make_example(suite, KNOWN[suite]).prompt
+            done = list(decode_baseline(lm, prompt, RunConfig(**KNOWN_BUDGET)))[-1]
+            out[name] = {"prompt": prompt, "reasoning_ids": done.reasoning_ids, "answer_ids": done.answer_ids}
+    if (models_dir / "tiny-prm" / "config.json").exists():
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+
+        model = AutoModelForCausalLM.from_pretrained(models_dir / "tiny-prm", dtype=torch.float32).eval()
+        tok = AutoTokenizer.from_pretrained(models_dir / "tiny-prm")
+        ex = make_arithmetic_example(KNOWN["arithmetic"])
+        good = list(ex.reasoning_steps) + [ex.answer]
+        bad, _ = corrupted_steps(ex, random.Random(0))
+        out["tiny-prm"] = {"question": ex.prompt, "good_steps": good, "bad_steps": bad,
+                           "good_scores": step_scores(model, tok, ex.prompt, good),
+                           "bad_scores": step_scores(model, tok, ex.prompt, bad)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
 
@@ -79,7 +113,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m engine.training.evaluate")
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--models", default=",".join(SPECS))
+    ap.add_argument("--write-expected", default=None, help="write the bundled models' known outputs here and stop")
     args = ap.parse_args(argv)
+    if args.write_expected:
+        Path(args.write_expected).write_text(json.dumps(known_outputs(MODELS), indent=1))
+        print(f"wrote {args.write_expected}")
+        return
     results = {}
     for name in args.models.split(","):
         path = MODELS / name
