@@ -44,6 +44,7 @@ SPECS = {
                              num_key_value_heads=3, intermediate_size=288), 4, 3e-3, 3000),
 }
 WARMUP = 300
+REWARM = 100  # steps of warm-up after resuming without the optimizer state
 ROW_LEN = 1024  # sequences are packed into rows this long, each attending only to itself
 
 
@@ -157,8 +158,11 @@ def main(argv: list[str] | None = None) -> None:
         rng.setstate(_rng_from_json(state["rng"]))
     optimizer = torch.optim.AdamW(model.parameters(), lr=peak_lr, weight_decay=0.05, betas=(0.9, 0.98))
     optim_file = BUILD / f"{args.model}-optim.pt"
+    rewarm_from = None  # resuming without Adam's moments (a fresh machine): warm up again briefly
     if optim_file.exists() and state["step"] > 0:
         optimizer.load_state_dict(torch.load(optim_file))
+    elif state["step"] > 0:
+        rewarm_from = state["step"]
     model.train()
     start = last_save = time.time()
     losses = []
@@ -166,7 +170,8 @@ def main(argv: list[str] | None = None) -> None:
 
     while state["step"] < total and time.time() - start < args.minutes * 60:
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(state["step"], peak_lr, total)
+            rewarm = 1.0 if rewarm_from is None else min(1.0, (state["step"] - rewarm_from + 1) / REWARM)
+            group["lr"] = lr_at(state["step"], peak_lr, total) * rewarm
         input_ids, mask, positions, targets = make_batch(tokenizer, kind, batch_size, rng)
         logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions).logits
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
