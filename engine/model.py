@@ -115,6 +115,15 @@ class LoadedModel:
             ids = ids + list(m.open_ids)
         return ids
 
+    def warm_up(self) -> None:
+        """One short prefill and one batched step, so a first run's timings do not include the
+        framework's one-off kernel setup."""
+        cache = self.new_cache()
+        ids = self.prompt_ids("warm up")
+        self.step_logits(ids, cache, 0)
+        cache.reorder_cache(torch.tensor([0, 0], device=self.device))
+        self.forward(torch.tensor([[ids[-1]], [ids[-1]]], device=self.device), cache, len(ids))
+
     def require_markers(self) -> ThinkMarkers:
         if self.markers is None:
             raise SSRUnsupportedError(

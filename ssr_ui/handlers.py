@@ -54,7 +54,9 @@ class Studio:
     def model(self, name: str) -> LoadedModel:
         name = (name or self.default_model).strip()
         if name not in self._models:
-            self._models[name] = load_model(name, device=self.device)
+            lm = load_model(name, device=self.device)
+            lm.warm_up()
+            self._models[name] = lm
         return self._models[name]
 
     def scorer(self, name: str):

@@ -161,7 +161,9 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         def load_history(method_name):
             rows = studio.history(method_name)
-            return ([[r.get(c) for c in HISTORY_COLUMNS] for r in rows], charts.latency_by_method(rows),
+            table_rows = [[round(v, 3) if isinstance(v, float) else v for v in (r.get(c) for c in HISTORY_COLUMNS)]
+                          for r in rows]
+            return (table_rows, charts.latency_by_method(rows),
                     charts.token_composition(rows), charts.speedup_vs_draft_start(rows))
 
         history_outputs = [table, c_latency, c_tokens, c_speedup]

@@ -48,7 +48,8 @@ class TraceView:
     stats: RunStats | None = None
     done: DoneEvent | None = None
     steps: list[StepEvent] = field(default_factory=list)  # RSD: settled steps, rejected drafts first
-    step_ends: dict[tuple[str, int], StepEvent] = field(default_factory=dict)  # (stream, tokens before) -> step
+    step_starts: dict[tuple[str, int], StepEvent] = field(default_factory=dict)  # (stream, first token) -> step
+    _next_step_at: tuple[str, int] = ("reasoning", 0)  # where the next kept step begins
 
     def apply(self, ev) -> None:
         if isinstance(ev, PhaseEvent):
@@ -72,9 +73,9 @@ class TraceView:
                     toks.append(tok)
         elif isinstance(ev, StepEvent):
             self.steps.append(ev)
-            if ev.accepted is not False:  # a kept step ends here: mark it where its last token is
-                where = ("answer", len(self.answer)) if self.answer else ("reasoning", len(self.reasoning))
-                self.step_ends[where] = ev
+            if ev.accepted is not False:  # a kept step: label it where it begins
+                self.step_starts[self._next_step_at] = ev
+                self._next_step_at = ("answer", len(self.answer)) if self.answer else ("reasoning", len(self.reasoning))
         elif isinstance(ev, DoneEvent):
             self.done, self.stats, self.phase = ev, ev.stats, "done"
         self.elapsed = max(self.elapsed, getattr(ev, "t", 0.0) or 0.0)
@@ -87,15 +88,15 @@ class TraceView:
             for d, at in forks:
                 if at == i:
                     spans.append(f'<span class="fork" title="draft {d} forked here">▼ draft {d}</span>')
+            spans += self._step_badge("reasoning", i)
             spans.append(tok.span())
-            spans += self._step_badge("reasoning", i + 1)
         for d, at in forks:
             if at >= len(self.reasoning):
                 spans.append(f'<span class="fork" title="draft {d} forked here">▼ draft {d}</span>')
         return _pane(spans, "The reasoning appears here.")
 
-    def _step_badge(self, stream: str, end: int) -> list[str]:
-        step = self.step_ends.get((stream, end))
+    def _step_badge(self, stream: str, start: int) -> list[str]:
+        step = self.step_starts.get((stream, start))
         if step is None:
             return []
         score = f" {step.reward:.2f}" if step.reward is not None else ""
@@ -119,8 +120,8 @@ class TraceView:
     def answer_html(self) -> str:
         spans = []
         for i, tok in enumerate(self.answer):
+            spans += self._step_badge("answer", i)
             spans.append(tok.span())
-            spans += self._step_badge("answer", i + 1)
         return _pane(spans, "The answer appears when the reasoning ends.")
 
     def counts(self) -> dict[str, int]:

@@ -22,6 +22,22 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
         "--no-first-run", "--disable-sync"]
 
 
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Block until the launched app accepts connections; RuntimeError if it died first."""
+    import socket  # noqa: PLC0415
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the app exited with code {proc.returncode} before serving") from None
+            time.sleep(0.5)
+    raise RuntimeError(f"the app did not open port {port} within {timeout:.0f} s")
+
+
 def _wait_done(page, timeout_ms: int = 180_000) -> None:
     page.wait_for_function("[...document.querySelectorAll('.metrics .v')].some(v => v.innerText === 'done')",
                            timeout=timeout_ms)
@@ -40,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     db = Path(tempfile.mkdtemp()) / "runs.db"
     app = subprocess.Popen([sys.executable, "app.py", "--port", str(args.port), "--db", str(db)])
     try:
-        time.sleep(8)
+        wait_for_port(args.port, app)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
             page = browser.new_page(viewport={"width": 1500, "height": 1150})

@@ -11,10 +11,11 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from ssr_ui.screenshots import wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -38,15 +39,10 @@ def app(tmp_path_factory):
     proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--db", str(db)], cwd=ROOT, env=env,
                             stdout=open(tmp / "app.log", "w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError((tmp / "app.log").read_text())
-            time.sleep(0.5)
+    try:
+        wait_for_port(port, proc)
+    except RuntimeError as err:
+        raise RuntimeError(f"{err}\n{(tmp / 'app.log').read_text()}") from None
     yield url, db
     proc.terminate()
     proc.wait(timeout=20)

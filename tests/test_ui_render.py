@@ -181,3 +181,16 @@ def test_rsd_with_incompatible_draft_is_a_message(studio):
     studio._models["odd"] = other
     frames = list(studio.run("hi", "RSD", "tiny", "odd", "target-likelihood", max_think=10))
     assert "do not share a tokenizer" in frames[-1].metrics
+
+
+def test_step_badges_sit_where_each_step_begins():
+    from engine.events import StepEvent
+
+    view = TraceView()
+    for i, text in enumerate(["Start with 7.", "\n\n"]):
+        view.apply(TokenEvent("reasoning", "accepted", i, text, i, 0.0, source="draft"))
+    view.apply(StepEvent(0, "Start with 7.\n\n", "draft", 0.93, True, 0.1))
+    view.apply(TokenEvent("reasoning", "generated", 2, "7 plus 5 is 12.", 2, 0.2))
+    view.apply(StepEvent(1, "7 plus 5 is 12.", "target", None, None, 0.3))
+    html = view.reasoning_html()
+    assert html.index("draft 0.93") < html.index("Start with 7.") < html.index(">target<") < html.index("7 plus 5")
