@@ -39,7 +39,7 @@ SPECS = {
     "tiny-reasoner": ("target", dict(hidden_size=192, num_hidden_layers=6, num_attention_heads=6,
                                      num_key_value_heads=3, intermediate_size=576), 6, 2e-3, 8000),
     "tiny-reasoner-draft": ("draft", dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
-                                          num_key_value_heads=3, intermediate_size=288), 4, 3e-3, 4000),
+                                          num_key_value_heads=3, intermediate_size=288), 4, 3e-3, 2200),
     "tiny-prm": ("prm", dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
                              num_key_value_heads=3, intermediate_size=288), 4, 3e-3, 3000),
 }
@@ -136,13 +136,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--save-every", type=float, default=10.0, help="minutes between checkpoints")
     ap.add_argument("--eval-every", type=int, default=500, help="steps between held-out evaluations")
     ap.add_argument("--export", action="store_true", help="copy the latest checkpoint to assets/models and stop")
+    ap.add_argument("--fresh", action="store_true", help="start from scratch, ignoring any checkpoint")
     args = ap.parse_args(argv)
     if args.export:
         return export(args.model)
     torch.set_num_threads(args.threads)
     kind, arch, batch_size, peak_lr, total = SPECS[args.model]
     tokenizer = load_or_build_tokenizer()
-    start_from = resume_dir(args.model)
+    start_from = None if args.fresh else resume_dir(args.model)
     if start_from is not None:
         state = json.loads((start_from / "training_state.json").read_text())
         model = LlamaForCausalLM.from_pretrained(start_from, dtype=torch.float32)
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=peak_lr, weight_decay=0.05, betas=(0.9, 0.98))
     optim_file = BUILD / f"{args.model}-optim.pt"
     rewarm_from = None  # resuming without Adam's moments (a fresh machine): warm up again briefly
-    if optim_file.exists() and state["step"] > 0:
+    if optim_file.exists() and state["step"] > 0 and not args.fresh:
         optimizer.load_state_dict(torch.load(optim_file))
     elif state["step"] > 0:
         rewarm_from = state["step"]
