@@ -37,6 +37,11 @@ class Frame:
     answer: str
     metrics: str
     chart: object = None
+    view: TraceView | None = None  # the run as folded so far (lets the UI re-render one draft)
+
+    @classmethod
+    def of(cls, view: TraceView, metrics: str, chart=None) -> Frame:
+        return cls(view.reasoning_html(), view.draft_html(), view.answer_html(), metrics, chart, view)
 
     def as_tuple(self):
         return self.reasoning, self.draft, self.answer, self.metrics, self.chart
@@ -83,8 +88,7 @@ class Studio:
             cfg = self.config(model_name, **settings)
             if method in ("SSR", "Compare"):
                 cfg.check_ssr()
-            yield Frame(view.reasoning_html(), view.draft_html(), view.answer_html(),
-                        '<div class="metrics">loading the model…</div>')
+            yield Frame.of(view, '<div class="metrics">loading the model…</div>')
             with self._lock:
                 lm = self.model(model_name)
                 runs = ["Baseline", "SSR", "RSD"] if method == "Compare" else [method]
@@ -102,7 +106,7 @@ class Studio:
                 chart = charts.latency_bars(latencies) if method == "Compare" else None
                 yield self._frame(view, runs[-1], lm, prompt, cfg, final=True, chart=chart)
         except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
-            yield Frame(view.reasoning_html(), view.draft_html(), view.answer_html(), error_html(str(err)))
+            yield Frame.of(view, error_html(str(err)))
 
     def _stream(self, lm, prompt, name, cfg, view, rsd: dict | None = None) -> Iterator[Frame]:
         method = METHOD_NAMES[name]
@@ -122,8 +126,7 @@ class Studio:
 
     def _frame(self, view, name, lm, prompt, cfg, final=False, chart=None) -> Frame:
         compare = self.compare_to_baseline(view, lm.model_id, prompt, cfg) if final and name != "Baseline" else None
-        return Frame(view.reasoning_html(), view.draft_html(), view.answer_html(),
-                     metrics_html(view, name, compare), chart)
+        return Frame.of(view, metrics_html(view, name, compare), chart)
 
     def compare_to_baseline(self, view: TraceView, model_id: str, prompt: str, cfg: RunConfig) -> dict | None:
         """Latency ratio to the latest baseline run of the same prompt and model, and (greedy)
@@ -217,8 +220,7 @@ class Studio:
         for ev in events:
             view.apply(ev)
         view.phase = str(row.get("status", "imported"))
-        return Frame(view.reasoning_html(), view.draft_html(), view.answer_html(),
-                     metrics_html(view, str(row.get("method", "?"))))
+        return Frame.of(view, metrics_html(view, str(row.get("method", "?"))))
 
     def replay(self, run_id: int) -> Frame:
         """Re-render a past run from its logged events."""
@@ -227,5 +229,4 @@ class Studio:
         for ev in self.log.events(int(run_id)):
             view.apply(ev)
         view.phase = row["status"]
-        return Frame(view.reasoning_html(), view.draft_html(), view.answer_html(),
-                     metrics_html(view, row["method"]))
+        return Frame.of(view, metrics_html(view, row["method"]))

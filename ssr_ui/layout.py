@@ -98,11 +98,14 @@ def build_app(studio: Studio) -> gr.Blocks:
                     reasoning_pane = gr.HTML(empty.reasoning_html())
                 with gr.Column():
                     gr.Markdown("**Draft**")
+                    draft_pick = gr.Dropdown([], label="Show draft", visible=False,
+                                             info="iterative SSR writes several drafts")
                     draft_pane = gr.HTML(empty.draft_html())
                 with gr.Column():
                     gr.Markdown("**Final answer**")
                     answer_pane = gr.HTML(empty.answer_html())
             chart = gr.Plot(label="Compare", visible=False)
+            last_view = gr.State(None)  # this browser session's latest run, for the draft picker
 
         with gr.Tab("History"):
             with gr.Row():
@@ -140,12 +143,18 @@ def build_app(studio: Studio) -> gr.Blocks:
             settings = {k: _coerce(k, v) for k, v in settings.items() if v is not None}
             for frame in studio.run(prompt, method, model, draft_model, prm, **settings):
                 *panes, fig = frame.as_tuple()
-                yield (*panes, gr.update(value=fig, visible=fig is not None))
+                drafts = sorted(frame.view.drafts) if frame.view and not frame.view.steps else []
+                picker = gr.update(choices=[(f"draft {d}", d) for d in drafts], value=drafts[-1] if drafts else None,
+                                   visible=len(drafts) > 1)
+                yield (*panes, gr.update(value=fig, visible=fig is not None), frame.view, picker)
 
         run_event = run_btn.click(
             run, [prompt, method, model, draft_start, max_think, max_draft, max_answer, num_drafts, draft_interval,
                   suffix, lookup, temperature, seed, draft_model, prm, threshold, weighting, weight_param],
-            [reasoning_pane, draft_pane, answer_pane, metrics, chart], api_name="run", concurrency_limit=1)
+            [reasoning_pane, draft_pane, answer_pane, metrics, chart, last_view, draft_pick], api_name="run",
+            concurrency_limit=1)
+        draft_pick.input(lambda view, which: view.draft_html(which) if view else "", [last_view, draft_pick],
+                         [draft_pane])
         stop_btn.click(None, None, None, cancels=[run_event])
 
         @on_gpu

@@ -11,6 +11,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,11 +56,53 @@ def test_gradio_client_streams_a_run_into_the_log(app):
     client = Client(url, verbose=False)
     job = client.submit(prompt=CLASS_PROMPT, method="SSR", api_name="/run")
     updates = sum(1 for _ in job)
-    reasoning, draft, answer, metrics, _chart = job.result()
+    reasoning, draft, answer, metrics = job.result()[:4]
     assert updates >= 5, "the run should stream in many updates"
     assert "done" in metrics and "st-" in answer
     rows = sqlite3.connect(db).execute("select method, status, answer_tokens from runs").fetchall()
     assert ("ssr", "ok") in [(m, s) for m, s, _ in rows]
+
+
+def _text(pane_html: str) -> str:
+    import html
+    import re
+
+    return html.unescape(re.sub(r"<[^>]+>", "", pane_html))
+
+
+def test_two_clients_queue_and_see_only_their_own_run(app):
+    from gradio_client import Client
+
+    url, db = app
+    prompts = ["Start with 12, then add 30. What is the result?", "Start with 5, then multiply by 9. What is the result?"]
+    jobs = [Client(url, verbose=False).submit(prompt=p, method="Baseline", api_name="/run") for p in prompts]
+    answers = [_text(job.result()[2]) for job in jobs]
+    logged = dict(sqlite3.connect(db).execute("select prompt, answer_text from runs where method = 'baseline'"))
+    for p, answer in zip(prompts, answers):
+        assert answer == logged[p], "a client saw tokens that are not from its own run"
+
+
+def test_cancel_stops_the_run_and_logs_it(app):
+    from gradio_client import Client
+
+    url, db = app
+    job = Client(url, verbose=False).submit(prompt=CLASS_PROMPT, method="SSR", max_answer=2000, max_think=1999,
+                                            draft_start=60, api_name="/run")
+    while len(job.outputs()) < 2:
+        time.sleep(0.05)
+    job.cancel()
+    t0 = time.time()
+    while time.time() - t0 < 10:
+        rows = sqlite3.connect(db).execute("select status from runs where status = 'cancelled'").fetchall()
+        if rows:
+            break
+        time.sleep(0.2)
+    assert rows, "a cancelled run must be logged as cancelled"
+    assert time.time() - t0 < 5
+    # the model is free again: the next run completes
+    reasoning, draft, answer, metrics = Client(url, verbose=False).predict(
+        prompt="Start with 3, then add 4. What is the result?", method="Baseline", api_name="/run")[:4]
+    assert "done" in metrics
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (.ci/run installs it)")
