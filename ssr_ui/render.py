@@ -25,8 +25,17 @@ class Tok:
     draft: int | None = None
     source: str | None = None
     match_len: int | None = None
+    _html: str | None = field(default=None, repr=False, compare=False)  # rendered once, re-rendered on change
+
+    def verdict(self, status: str, source: str | None, match_len: int | None) -> None:
+        self.status, self.source, self.match_len, self._html = status, source, match_len, None
 
     def span(self) -> str:
+        if self._html is None:
+            self._html = self._render()
+        return self._html
+
+    def _render(self) -> str:
         tip = f"id {self.token_id} · {STATUS_LABEL[self.status]}"
         if self.source:
             where = f"draft {self.draft}" if self.source == "draft" and self.draft is not None else self.source
@@ -67,8 +76,7 @@ class TraceView:
             else:
                 toks = self.drafts.setdefault(ev.draft, [])
                 if ev.position < len(toks):  # a verdict on an existing draft token
-                    toks[ev.position].status, toks[ev.position].source = ev.status, ev.source
-                    toks[ev.position].match_len = ev.match_len
+                    toks[ev.position].verdict(ev.status, ev.source, ev.match_len)
                 else:
                     toks.append(tok)
         elif isinstance(ev, StepEvent):

@@ -194,3 +194,22 @@ def test_step_badges_sit_where_each_step_begins():
     view.apply(StepEvent(1, "7 plus 5 is 12.", "target", None, None, 0.3))
     html = view.reasoning_html()
     assert html.index("draft 0.93") < html.index("Start with 7.") < html.index(">target<") < html.index("7 plus 5")
+
+
+def test_a_5000_token_trace_stays_cheap_to_update():
+    import time
+
+    from ssr_ui.handlers import _interval
+
+    view = TraceView()
+    for i in range(5000):
+        view.apply(TokenEvent("reasoning" if i < 3000 else "answer", "accepted" if i % 3 else "generated", i,
+                              f"t{i} ", i, i / 100))
+    view.reasoning_html(), view.answer_html()  # first render fills each token's cached span
+    start = time.perf_counter()
+    for _ in range(5):
+        view.reasoning_html(), view.answer_html(), metrics_html(view, "SSR")
+    per_update = (time.perf_counter() - start) / 5
+    assert per_update < 0.05, f"{per_update * 1000:.1f} ms per update"
+    assert _interval(view) == 0.25  # 4 updates a second at 5,000 tokens
+    assert _interval(TraceView()) == pytest.approx(1 / 12)
