@@ -40,6 +40,7 @@ class RunConfig:
     draft_interval: int = 250
     max_spec: int = 32  # most tokens verified in one forward
     min_match: int = 2  # shortest answer suffix that suffix recovery matches
+    spec_factor: float = 0.0  # > 0: a suffix proposal is at most spec_factor x its match length (SuffixDecoding)
     suffix_recovery: bool = True  # reuse drafts after the first mismatch
     context_lookup: bool = True  # then search the prompt, the reasoning and the answer itself
     # --- RSD (the released code's defaults: binary threshold 0.7, at most 100 steps)
@@ -57,6 +58,8 @@ class RunConfig:
         _require("temperature", self.temperature,
                  math.isfinite(self.temperature) and self.temperature >= 0, "must be a finite number >= 0")
         _require("top_p", self.top_p, 0 < self.top_p <= 1, "must be in (0, 1]")
+        _require("spec_factor", self.spec_factor, math.isfinite(self.spec_factor) and self.spec_factor >= 0,
+                 "must be a finite number >= 0 (0: no cap)")
         if self.num_drafts > 1:
             _require("draft_interval", self.draft_interval, self.draft_interval >= 1,
                      "must be >= 1 when num_drafts > 1")

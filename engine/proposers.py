@@ -14,6 +14,7 @@ proposal it gets.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -78,13 +79,15 @@ class DraftPrefixProposer:
 class SuffixProposer:
     """Proposes what followed the answer's longest suffix in the given sources."""
 
-    def __init__(self, index: SuffixIndex, names: list[str], stop: frozenset[int]) -> None:
-        self.index, self.names, self.stop = index, names, stop
+    def __init__(self, index: SuffixIndex, names: list[str], stop: frozenset[int], spec_factor: float = 0.0) -> None:
+        self.index, self.names, self.stop, self.spec_factor = index, names, stop, spec_factor
 
     def propose(self, answer: list[int], max_tokens: int) -> Proposal | None:
         m = self.index.lookup(answer, self.names, max_tokens, self.stop)
         if m is None:
             return None
+        if self.spec_factor > 0:  # SuffixDecoding's cap: trust a proposal in proportion to its match
+            m = dataclasses.replace(m, tokens=m.tokens[: max(1, int(self.spec_factor * m.length))])
         kind, _, num = m.source.partition(":")
         return Proposal(m.tokens, "recovered", kind, int(num) if num else None, m.start, m.length)
 

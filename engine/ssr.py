@@ -153,9 +153,9 @@ def _answer(s: _State) -> Iterator[Event]:
     stop = lm.eos_ids
     proposers = [DraftPrefixProposer(s.drafts[-1] if s.drafts else None)]
     if cfg.suffix_recovery and s.drafts:
-        proposers.append(SuffixProposer(s.index, [d.name for d in reversed(s.drafts)], stop))
+        proposers.append(SuffixProposer(s.index, [d.name for d in reversed(s.drafts)], stop, cfg.spec_factor))
     if cfg.context_lookup:
-        proposers.append(SuffixProposer(s.index, ["reasoning", "prompt", "answer"], stop))
+        proposers.append(SuffixProposer(s.index, ["reasoning", "prompt", "answer"], stop, cfg.spec_factor))
     while len(s.answer) < cfg.max_answer:
         # 1. propose
         room = min(cfg.max_spec, cfg.max_answer - len(s.answer))

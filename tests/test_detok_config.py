@@ -46,6 +46,7 @@ def test_event_pieces_rebuild_every_stream():
     ("max_spec", 0, "max_spec=0"),
     ("min_match", 0, "min_match=0"),
     ("num_drafts", 0, "num_drafts=0"),
+    ("spec_factor", -1.0, "spec_factor=-1.0"),
 ])
 def test_invalid_values_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):

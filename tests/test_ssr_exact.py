@@ -60,6 +60,7 @@ EXTREMES = {
     "no-lookup": dict(draft_start=6, context_lookup=False),
     "spec-1": dict(draft_start=6, max_spec=1),
     "min-match-1": dict(draft_start=6, min_match=1),
+    "spec-factor-1": dict(draft_start=6, spec_factor=1.0),
 }
 
 

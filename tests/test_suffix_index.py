@@ -69,3 +69,14 @@ def test_incremental_extend_equals_bulk():
 def test_min_match_must_be_positive():
     with pytest.raises(ValueError, match="min_match"):
         SuffixIndex(0)
+
+
+def test_spec_factor_caps_a_proposal_by_its_match_length():
+    from engine.proposers import SuffixProposer
+
+    idx = SuffixIndex(2)
+    idx.extend("d", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    capped = SuffixProposer(idx, ["d"], frozenset(), spec_factor=1.5).propose([9, 2, 3], 8)
+    assert capped.tokens == [4, 5, 6] and capped.match_len == 2  # 1.5 x 2 = 3 tokens, not 7
+    free = SuffixProposer(idx, ["d"], frozenset()).propose([9, 2, 3], 8)
+    assert free.tokens == [4, 5, 6, 7, 8, 9]
