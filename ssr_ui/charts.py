@@ -76,3 +76,28 @@ def sweep_chart(points: list[dict]) -> go.Figure:
                       yaxis2=dict(title="answer tokens from drafts", overlaying="y", side="right"),
                       height=360, margin=dict(t=40, b=30))
     return fig
+
+
+def rsd_by_threshold(rows: list[dict]) -> go.Figure:
+    """History: RSD runs grouped by threshold: mean accuracy (runs with a reference, e.g. from the
+    bench with --db) and mean FLOPs."""
+    import json  # noqa: PLC0415
+
+    groups: dict[float, list[dict]] = {}
+    for r in rows:
+        if r["method"] == "rsd" and r["status"] == "ok":
+            groups.setdefault(json.loads(r["config"]).get("threshold"), []).append(r)
+    xs = sorted(t for t in groups if t is not None)
+    acc = [_mean([g["correct"] for g in groups[t] if g["correct"] is not None]) for t in xs]
+    flops = [_mean([g["flops"] for g in groups[t]]) for t in xs]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=xs, y=acc, name="accuracy", mode="lines+markers", marker_color=COLORS["accepted"]))
+    fig.add_trace(go.Scatter(x=xs, y=flops, name="FLOPs", mode="lines+markers", yaxis="y2", marker_color="#6b7280"))
+    fig.update_layout(title="RSD accuracy and FLOPs vs threshold", xaxis_title="threshold",
+                      yaxis=dict(title="accuracy", range=[0, 1.05]),
+                      yaxis2=dict(title="FLOPs", overlaying="y", side="right"), height=320, margin=dict(t=40, b=30))
+    return fig
+
+
+def _mean(xs: list) -> float | None:
+    return sum(xs) / len(xs) if xs else None

@@ -125,7 +125,9 @@ def build_app(studio: Studio) -> gr.Blocks:
                 h_reasoning, h_draft, h_answer = gr.HTML(), gr.HTML(), gr.HTML()
             h_metrics = gr.HTML()
             with gr.Row():
-                c_latency, c_tokens, c_speedup = gr.Plot(), gr.Plot(), gr.Plot()
+                c_latency, c_tokens = gr.Plot(), gr.Plot()
+            with gr.Row():
+                c_speedup, c_rsd = gr.Plot(), gr.Plot()
 
         # ------------------------------------------------------------------ wiring
         @on_gpu
@@ -172,10 +174,10 @@ def build_app(studio: Studio) -> gr.Blocks:
             rows = studio.history(method_name)
             table_rows = [[round(v, 3) if isinstance(v, float) else v for v in (r.get(c) for c in HISTORY_COLUMNS)]
                           for r in rows]
-            return (table_rows, charts.latency_by_method(rows),
-                    charts.token_composition(rows), charts.speedup_vs_draft_start(rows))
+            return (table_rows, charts.latency_by_method(rows), charts.token_composition(rows),
+                    charts.speedup_vs_draft_start(rows), charts.rsd_by_threshold(rows))
 
-        history_outputs = [table, c_latency, c_tokens, c_speedup]
+        history_outputs = [table, c_latency, c_tokens, c_speedup, c_rsd]
         refresh.click(load_history, [method_filter], history_outputs, api_name="history")
         method_filter.change(load_history, [method_filter], history_outputs)
 

@@ -149,3 +149,20 @@ def test_bench_rsd_bad_input(rsd_dirs, prompts, tmp_path, capsys):
     assert "must be > 0" in capsys.readouterr().err
     assert bench.main(base + ["--methods", "rsd", "--draft-model", str(tmp_path / "none")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_rsd_threshold_sweep(rsd_dirs, tmp_path, capsys):
+    from engine import rsd_sweep
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "Start with 7", "reference": "12", "suite": "arithmetic"}\n')
+    out, page = tmp_path / "sweep.json", tmp_path / "sweep.html"
+    code = rsd_sweep.main(["--prompts", str(prompts), "--thresholds", "0,0.5,1.1", "--out", str(out), "--html",
+                           str(page), "--model", rsd_dirs["target"], "--draft-model", rsd_dirs["draft"],
+                           "--prm", rsd_dirs["prm"], "--max-think", "12", "--max-answer", "4"])
+    assert code == 0, capsys.readouterr().err
+    rows = {r["setting"]: r for r in json.loads(out.read_text())["summary"]}
+    assert rows["target"]["median_flops_ratio_to_target"] == 1.0
+    assert rows["rsd 0"]["fraction_steps_accepted"] == 1.0      # threshold 0 keeps every step
+    assert rows["rsd 1.1"]["fraction_steps_accepted"] == 0.0    # above 1 keeps none
+    assert "plotly" in page.read_text()

@@ -1,0 +1,119 @@
+"""RSD threshold sweep: accuracy, fraction of draft steps kept and FLOPs against the threshold.
+
+    python -m engine.rsd_sweep --prompts arithmetic.jsonl --thresholds 0.5,0.6,0.7,0.8,0.9 \\
+        --out rsd-sweep.json [--html rsd-sweep.html] [--model tiny-reasoner]
+        [--draft-model tiny-reasoner-draft] [--prm tiny-prm] [--db runs.db]
+
+Like the paper's threshold ablation. For each prompt, ``target`` runs once and ``rsd`` once per
+threshold (interleaved per prompt); every row reports accuracy, the fraction of draft steps kept,
+and the median per-prompt FLOPs ratio to ``target``. ``--html`` writes the plotly chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from engine.bench import read_prompts, run_one
+from engine.config import RunConfig
+from engine.model import ModelLoadError, load_model
+from engine.prm import make_scorer
+from engine.rsd import check_pair
+from engine.runlog import RunLog
+
+
+def sweep_rows(runs: list[dict], thresholds: list[float]) -> list[dict]:
+    target = {r["prompt_id"]: r for r in runs if r["method"] == "target"}
+    rows = [{"setting": "target", "threshold": None, **_summary([*target.values()], target)}]
+    for t in thresholds:
+        mine = [r for r in runs if r["method"] == "rsd" and r["threshold"] == t]
+        rows.append({"setting": f"rsd {t:g}", "threshold": t, **_summary(mine, target)})
+    return rows
+
+
+def _summary(runs: list[dict], target: dict) -> dict:
+    checked = [r["correct"] for r in runs if "correct" in r]
+    steps = sum(r["steps_accepted"] + r["steps_rejected"] for r in runs)
+    return {
+        "accuracy": sum(checked) / len(checked) if checked else None,
+        "fraction_steps_accepted": sum(r["steps_accepted"] for r in runs) / steps if steps else None,
+        "median_flops_ratio_to_target": statistics.median(r["flops"] / target[r["prompt_id"]]["flops"] for r in runs),
+        "median_latency_s": statistics.median(r["latency_s"] for r in runs),
+    }
+
+
+def chart(rows: list[dict]):
+    import plotly.graph_objects as go  # noqa: PLC0415
+    from plotly.subplots import make_subplots  # noqa: PLC0415
+
+    rsd = [r for r in rows if r["threshold"] is not None]
+    target = rows[0]
+    xs = [r["threshold"] for r in rsd]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Scatter(x=xs, y=[r["accuracy"] for r in rsd], name="RSD accuracy", mode="lines+markers"))
+    fig.add_trace(go.Scatter(x=xs, y=[r["fraction_steps_accepted"] for r in rsd], name="draft steps kept",
+                             mode="lines+markers"))
+    fig.add_trace(go.Scatter(x=xs, y=[r["median_flops_ratio_to_target"] for r in rsd], name="FLOPs / target",
+                             mode="lines+markers", line=dict(dash="dash")), secondary_y=True)
+    if target["accuracy"] is not None:
+        fig.add_hline(y=target["accuracy"], line_dash="dot", annotation_text="target alone accuracy")
+    fig.update_layout(title="RSD threshold sweep", xaxis_title="threshold (binary rule)", height=420)
+    fig.update_yaxes(title_text="accuracy / fraction", range=[0, 1.05], secondary_y=False)
+    fig.update_yaxes(title_text="FLOPs ratio to target", secondary_y=True)
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine.rsd_sweep", description=__doc__.split("\n")[0])
+    ap.add_argument("--prompts", required=True)
+    ap.add_argument("--thresholds", default="0.5,0.6,0.7,0.8,0.9")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--html", default=None)
+    ap.add_argument("--model", default="tiny-reasoner")
+    ap.add_argument("--draft-model", default="tiny-reasoner-draft")
+    ap.add_argument("--prm", default="tiny-prm")
+    ap.add_argument("--db", default=None)
+    ap.add_argument("--max-think", type=int, default=None)
+    ap.add_argument("--max-answer", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    if args.threads:
+        import torch  # noqa: PLC0415
+
+        torch.set_num_threads(args.threads)
+    try:
+        thresholds = [float(t) for t in args.thresholds.split(",") if t.strip()]
+        base = {k: v for k, v in {"max_think": args.max_think, "max_answer": args.max_answer}.items() if v}
+        configs = {t: RunConfig(**base, threshold=t) for t in thresholds}
+        prompts = read_prompts(args.prompts)
+        target = load_model(args.model)
+        draft = load_model(args.draft_model)
+        check_pair(target, draft)
+        models = {"target": target, "draft": draft, "scorer": make_scorer(args.prm), "prm_name": args.prm}
+    except (ValueError, ModelLoadError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    log = RunLog(args.db) if args.db else None
+    runs = []
+    for prompt in prompts:
+        runs.append(run_one(models, "target", prompt, RunConfig(**base), 0, log))
+        for t, cfg in configs.items():
+            runs.append({**run_one(models, "rsd", prompt, cfg, 0, log), "threshold": t})
+        print(f"  {prompt['id']} done", flush=True)
+    rows = sweep_rows(runs, thresholds)
+    Path(args.out).write_text(json.dumps({"runs": runs, "summary": rows}, indent=1))
+    if args.html:
+        chart(rows).write_html(args.html, include_plotlyjs="cdn")
+    fmt = lambda v, f: "-" if v is None else f.format(v)  # noqa: E731
+    print("setting     accuracy  steps kept  FLOPs/target  latency s")
+    for r in rows:
+        print(f"{r['setting']:<10}  {fmt(r['accuracy'], '{:8.1%}')}  {fmt(r['fraction_steps_accepted'], '{:10.1%}')}"
+              f"  {r['median_flops_ratio_to_target']:12.3f}  {r['median_latency_s']:9.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
