@@ -1,6 +1,7 @@
 """Launch the SSR Studio.
 
-    python app.py [--model NAME_OR_PATH] [--host 127.0.0.1] [--port 7860] [--share] [--db runs.db]
+    python app.py [--model NAME_OR_PATH] [--draft-model NAME] [--prm NAME] [--host 127.0.0.1]
+                  [--port 7860] [--share] [--db runs.db] [--device cuda|mps|cpu]
 
 With no flags it runs offline on the bundled tiny models. Nothing heavy happens at import:
 the model loads on the first run and stays cached.
@@ -12,13 +13,15 @@ import argparse
 import os
 
 from ssr_ui.layout import CSS, build_app
-from ssr_ui.handlers import Studio
+from ssr_ui.handlers import DEFAULT_DRAFT, DEFAULT_PRM, Studio
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="SSR Studio")
     ap.add_argument("--model", default="tiny-reasoner", help="bundled name, preset, local folder or Hub id")
     # a Hugging Face Space sets GRADIO_SERVER_NAME=0.0.0.0; locally the app stays on loopback
+    ap.add_argument("--draft-model", default=DEFAULT_DRAFT, help="RSD's draft model")
+    ap.add_argument("--prm", default=DEFAULT_PRM, help="RSD's process reward model, or 'target-likelihood'")
     ap.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     ap.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
     ap.add_argument("--share", action="store_true", help="create a public gradio.live link")
@@ -29,7 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    demo = build_app(Studio(args.model, args.db, args.device))
+    demo = build_app(Studio(args.model, args.db, args.device, args.draft_model, args.prm))
     demo.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, share=args.share,
                                                    css=CSS)
 

@@ -55,8 +55,10 @@ def _interval(view: TraceView) -> float:
 
 
 class Studio:
-    def __init__(self, model: str | None = None, db: str = "runs.db", device: str | None = None) -> None:
+    def __init__(self, model: str | None = None, db: str = "runs.db", device: str | None = None,
+                 draft_model: str = DEFAULT_DRAFT, prm: str = DEFAULT_PRM) -> None:
         self.default_model = model or "tiny-reasoner"
+        self.default_draft, self.default_prm = draft_model, prm
         self.device = device
         self.log = RunLog(db)
         self._models: dict[str, LoadedModel] = {}
@@ -72,7 +74,7 @@ class Studio:
         return self._models[name]
 
     def scorer(self, name: str):
-        name = (name or DEFAULT_PRM).strip()
+        name = (name or self.default_prm).strip()
         if name not in self._scorers:
             self._scorers[name] = make_scorer(name, self.device)
         return self._scorers[name]
@@ -82,8 +84,8 @@ class Studio:
         return RunConfig(**{**recommended_settings(model_name or self.default_model), **settings})
 
     # ------------------------------------------------------------------ the streaming handler
-    def run(self, prompt: str, method: str = "SSR", model_name: str = "", draft_model: str = DEFAULT_DRAFT,
-            prm: str = DEFAULT_PRM, **settings) -> Iterator[Frame]:
+    def run(self, prompt: str, method: str = "SSR", model_name: str = "", draft_model: str = "",
+            prm: str = "", **settings) -> Iterator[Frame]:
         """Stream a run (or, for "Compare", baseline, SSR and RSD in turn) as UI frames; errors
         become a message in the metrics strip, never an exception in the page."""
         view = TraceView()
@@ -101,8 +103,9 @@ class Studio:
                 runs = ["Baseline", "SSR", "RSD"] if method == "Compare" else [method]
                 rsd = {}
                 if "RSD" in runs:
-                    rsd = {"draft": self.model(draft_model or DEFAULT_DRAFT), "scorer": self.scorer(prm),
-                           "draft_name": draft_model or DEFAULT_DRAFT, "prm_name": prm or DEFAULT_PRM}
+                    draft_model, prm = draft_model or self.default_draft, prm or self.default_prm
+                    rsd = {"draft": self.model(draft_model), "scorer": self.scorer(prm),
+                           "draft_name": draft_model, "prm_name": prm}
                     check_pair(lm, rsd["draft"])
                 latencies = {}
                 for name in runs:

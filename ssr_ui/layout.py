@@ -18,7 +18,8 @@ from engine.methods import METHODS
 from engine.synthetic import EVAL_SEED_BASE, make_example
 from ssr_ui import charts
 from engine.acceptance import WEIGHTINGS
-from ssr_ui.handlers import DEFAULT_DRAFT, DEFAULT_PRM, MODES, Studio
+from engine.presets import BUNDLED, PRESETS
+from ssr_ui.handlers import MODES, Studio
 from ssr_ui.render import LEGEND, TraceView, error_html
 
 CSS = (Path(__file__).resolve().parents[1] / "assets" / "studio.css").read_text()
@@ -53,8 +54,10 @@ def build_app(studio: Studio) -> gr.Blocks:
                     prompt = gr.Textbox(label="Prompt", lines=4, placeholder="Ask the reasoning model something")
                 with gr.Column(scale=2):
                     method = gr.Radio(list(MODES), value="SSR", label="Method")
-                    model = gr.Textbox(value=studio.default_model, label="Model",
-                                       info="bundled name, preset (qwen3-0.6b, ...), local folder or Hub id")
+                    model = gr.Dropdown([studio.default_model, *[m for m in (*BUNDLED[:1], *PRESETS)
+                                                                  if m != studio.default_model]],
+                                        value=studio.default_model, label="Model", allow_custom_value=True,
+                                        info="bundled, a preset, or type any local folder or Hub id")
                     with gr.Row():
                         run_btn = gr.Button("Run", variant="primary")
                         stop_btn = gr.Button("Stop", variant="stop")
@@ -83,8 +86,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                     seed = gr.Number(value=cfg.seed, precision=0, label="Seed")
             with gr.Accordion("RSD settings", open=False):
                 with gr.Row():
-                    draft_model = gr.Textbox(value=DEFAULT_DRAFT, label="Draft model")
-                    prm = gr.Textbox(value=DEFAULT_PRM, label="Process reward model",
+                    draft_model = gr.Textbox(value=studio.default_draft, label="Draft model")
+                    prm = gr.Textbox(value=studio.default_prm, label="Process reward model",
                                      info="math-shepherd format, or 'target-likelihood' (no PRM)")
                 with gr.Row():
                     threshold = gr.Slider(0, 1.05, value=cfg.threshold, step=0.05, label="Threshold (binary rule)")
@@ -135,8 +138,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                 max_think: int = cfg.max_think, max_draft: int = cfg.max_draft, max_answer: int = cfg.max_answer,
                 num_drafts: int = cfg.num_drafts, draft_interval: int = cfg.draft_interval,
                 suffix_recovery: bool = cfg.suffix_recovery, context_lookup: bool = cfg.context_lookup,
-                temperature: float = cfg.temperature, seed: int = cfg.seed, draft_model: str = DEFAULT_DRAFT,
-                prm: str = DEFAULT_PRM, threshold: float = cfg.threshold, weighting: str = cfg.weighting,
+                temperature: float = cfg.temperature, seed: int = cfg.seed, draft_model: str = "",
+                prm: str = "", threshold: float = cfg.threshold, weighting: str = cfg.weighting,
                 weight_param: float = cfg.weight_param):
             settings = dict(draft_start=draft_start, max_think=max_think, max_draft=max_draft, max_answer=max_answer,
                             num_drafts=num_drafts, draft_interval=draft_interval, suffix_recovery=suffix_recovery,
