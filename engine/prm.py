@@ -55,7 +55,8 @@ class MathShepherdScorer:
     def start(self, question: str) -> None:
         """A new run: a fresh cache, the question encoded once."""
         self.model = CachedModel(self.lm)
-        self.tokens = self._encode(question)
+        # the tokenizer's own start token, if it has one (math-shepherd's Mistral tokenizer adds <s>)
+        self.tokens = self.lm.tokenizer.encode(question, add_special_tokens=True)
         self._started = False
 
     def score(self, candidate: str, seq: list[int] | None = None, step_tokens: list[int] | None = None) -> float:

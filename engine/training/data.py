@@ -90,7 +90,9 @@ def corrupted_steps(ex: Example, rng: random.Random) -> tuple[list[str], list[bo
 
 
 def prm_sequence(tokenizer, seed: int, rng: random.Random) -> tuple[list[int], list[int]]:
-    """A PRM training sequence: loss only at the step tags, target ``+`` or ``-``."""
+    """A PRM training sequence with targets aligned to positions: at each step tag the label
+    (``+`` or ``-``, read from the logits at the tag, as math-shepherd does), elsewhere the next
+    token (language modelling keeps the arithmetic the verdicts depend on)."""
     ex = make_arithmetic_example(seed)
     if rng.random() < 0.5:
         steps, labels = list(ex.reasoning_steps) + [ex.answer], None
@@ -100,12 +102,11 @@ def prm_sequence(tokenizer, seed: int, rng: random.Random) -> tuple[list[int], l
     ids = _encode(tokenizer, prm_text(ex.prompt, steps))
     tag = tokenizer.convert_tokens_to_ids(STEP_TAG)
     plus, minus = _encode(tokenizer, "+")[0], _encode(tokenizer, "-")[0]
-    targets = [IGNORE] * len(ids)
+    targets = ids[1:] + [IGNORE]  # position i predicts token i + 1 ...
     tag_positions = [i for i, t in enumerate(ids) if t == tag]
     assert len(tag_positions) == len(labels), "one tag per step"
     for pos, good in zip(tag_positions, labels):
-        targets[pos] = plus if good else minus  # the logits AT the tag are read, so target sits there
-    # causal LM loss predicts token i+1 from position i; shift so position `pos` learns +/-
+        targets[pos] = plus if good else minus  # ... except at a tag, whose logits carry the verdict
     return ids, targets
 
 

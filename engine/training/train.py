@@ -41,7 +41,7 @@ SPECS = {
     "tiny-reasoner-draft": ("draft", dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
                                           num_key_value_heads=3, intermediate_size=288), 4, 3e-3, 2200),
     "tiny-prm": ("prm", dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
-                             num_key_value_heads=3, intermediate_size=288), 4, 3e-3, 3000),
+                             num_key_value_heads=3, intermediate_size=288), 4, 1e-3, 2000),
 }
 WARMUP = 300
 REWARM = 100  # steps of warm-up after resuming without the optimizer state
@@ -137,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-every", type=int, default=500, help="steps between held-out evaluations")
     ap.add_argument("--export", action="store_true", help="copy the latest checkpoint to assets/models and stop")
     ap.add_argument("--fresh", action="store_true", help="start from scratch, ignoring any checkpoint")
+    ap.add_argument("--init-from", default=None, help="start a fresh model from this bundled model's weights "
+                    "(a PRM is built from a language model that already does the task)")
     args = ap.parse_args(argv)
     if args.export:
         return export(args.model)
@@ -148,6 +150,10 @@ def main(argv: list[str] | None = None) -> None:
         state = json.loads((start_from / "training_state.json").read_text())
         model = LlamaForCausalLM.from_pretrained(start_from, dtype=torch.float32)
         print(f"resuming {args.model} at step {state['step']} from {start_from}")
+    elif args.init_from:
+        model = LlamaForCausalLM.from_pretrained(MODELS / args.init_from, dtype=torch.float32)
+        state = {"step": 0, "tokens": 0, "seconds": 0.0, "rng": None, "evals": [], "init_from": args.init_from}
+        print(f"starting {args.model} from the weights of {args.init_from}")
     else:
         torch.manual_seed(1234)
         model = new_model(arch, tokenizer)
