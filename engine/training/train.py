@@ -20,6 +20,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -175,7 +176,10 @@ def main(argv: list[str] | None = None) -> None:
     losses = []
     from engine.training.evaluate import accuracy  # noqa: PLC0415 (evaluation pulls in the engine)
 
-    while state["step"] < total and time.time() - start < args.minutes * 60:
+    stop = []  # SIGTERM / SIGINT: finish the step, save, exit (a session ending must not lose work)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(True))
+    while state["step"] < total and time.time() - start < args.minutes * 60 and not stop:
         for group in optimizer.param_groups:
             rewarm = 1.0 if rewarm_from is None else min(1.0, (state["step"] - rewarm_from + 1) / REWARM)
             group["lr"] = lr_at(state["step"], peak_lr, total) * rewarm
