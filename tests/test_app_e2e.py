@@ -76,10 +76,14 @@ def test_two_clients_queue_and_see_only_their_own_run(app):
     url, db = app
     prompts = ["Start with 12, then add 30. What is the result?", "Start with 5, then multiply by 9. What is the result?"]
     jobs = [Client(url, verbose=False).submit(prompt=p, method="Baseline", api_name="/run") for p in prompts]
-    answers = [_text(job.result()[2]) for job in jobs]
-    logged = dict(sqlite3.connect(db).execute("select prompt, answer_text from runs where method = 'baseline'"))
-    for p, answer in zip(prompts, answers):
-        assert answer == logged[p], "a client saw tokens that are not from its own run"
+    panes = [job.result() for job in jobs]
+    logged = {p: (r, a) for p, r, a in sqlite3.connect(db).execute(
+        "select prompt, reasoning_text, answer_text from runs where method = 'baseline'")}
+    assert logged[prompts[0]] != logged[prompts[1]]
+    for p, (reasoning, _draft, answer, *_rest) in zip(prompts, panes):
+        assert _text(reasoning) == logged[p][0], "a client saw reasoning that is not from its own run"
+        if logged[p][1]:
+            assert _text(answer) == logged[p][1], "a client saw an answer that is not from its own run"
 
 
 def test_cancel_stops_the_run_and_logs_it(app):

@@ -1,0 +1,50 @@
+"""The bundled models load offline and reproduce their known greedy outputs.
+
+The expected outputs are written by ``python -m engine.training.evaluate --write-expected
+tests/data/bundled_expected.json`` whenever the bundled checkpoints change.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.baseline import decode_baseline
+from engine.config import RunConfig
+from engine.model import load_model
+from engine.training.evaluate import KNOWN_BUDGET, step_scores
+
+EXPECTED = json.loads((Path(__file__).parent / "data" / "bundled_expected.json").read_text())
+
+
+def test_the_default_model_is_bundled():
+    assert "tiny-reasoner" in EXPECTED
+    lm = load_model()  # no name: the bundled tiny-reasoner, offline
+    assert lm.markers is not None and lm.model_id == "tiny-reasoner"
+
+
+@pytest.mark.parametrize("name", [n for n in EXPECTED if n != "tiny-prm"])
+def test_known_greedy_output(name):
+    lm = load_model(name)
+    done = list(decode_baseline(lm, EXPECTED[name]["prompt"], RunConfig(**KNOWN_BUDGET)))[-1]
+    assert done.reasoning_ids == EXPECTED[name]["reasoning_ids"]
+    assert done.answer_ids == EXPECTED[name]["answer_ids"]
+
+
+@pytest.mark.skipif("tiny-prm" not in EXPECTED, reason="no bundled PRM exported yet")
+def test_known_prm_scores():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine.presets import BUNDLED  # noqa: F401  (the PRM is one of the bundled names)
+    from engine.model import resolve_model_path
+
+    path, _ = resolve_model_path("tiny-prm")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    exp = EXPECTED["tiny-prm"]
+    for kind in ("good", "bad"):
+        scores = step_scores(model, tok, exp["question"], exp[f"{kind}_steps"])
+        assert scores == pytest.approx(exp[f"{kind}_scores"], abs=1e-4)
