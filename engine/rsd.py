@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
+from engine.acceptance import accept
 from engine.cached import CachedModel
 from engine.config import RunConfig
 from engine.events import Event, StepEvent
@@ -131,8 +132,6 @@ def _write_step(model: CachedModel, chooser: Chooser, seq: list[int], max_step_t
 
 
 def _accept(cfg: RunConfig, reward: float, coin: random.Random) -> bool:
-    from engine.acceptance import accept  # noqa: PLC0415
-
     return accept(cfg.weighting, reward, coin.random(), cfg.threshold, cfg.weight_param)
 
 
