@@ -215,3 +215,22 @@ def test_a_5000_token_trace_stays_cheap_to_update():
     assert per_update < 0.05, f"{per_update * 1000:.1f} ms per update"
     assert _interval(view) == 0.25  # 4 updates a second at 5,000 tokens
     assert _interval(TraceView()) == pytest.approx(1 / 12)
+
+
+def test_spaces_gpu_wraps_the_runs_only_when_spaces_is_installed(studio, monkeypatch):
+    import importlib
+    import sys
+    import types
+
+    import ssr_ui.layout as layout
+
+    wrapped = []
+    fake = types.ModuleType("spaces")
+    fake.GPU = lambda duration: (lambda fn: wrapped.append(fn.__name__) or fn)
+    monkeypatch.setitem(sys.modules, "spaces", fake)
+    importlib.reload(layout).build_app(studio)
+    assert wrapped == ["run", "sweep"]
+    monkeypatch.delitem(sys.modules, "spaces")
+    wrapped.clear()
+    importlib.reload(layout).build_app(studio)  # without the package: nothing wraps, nothing breaks
+    assert wrapped == []
