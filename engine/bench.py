@@ -71,13 +71,8 @@ def run_one(models: dict, method: str, prompt: dict, cfg: RunConfig, repeat: int
     stream = decode(prompt["prompt"], cfg)
     events = list(log.record(stream, meta) if log else stream)
     done: DoneEvent = events[-1]
-    s = done.stats
-    run = {"method": method, "prompt_id": prompt["id"], "repeat": repeat, "latency_s": s.wall_s, "ttft_s": s.ttft_s,
-           "reasoning_tokens": s.reasoning_tokens, "answer_tokens": s.answer_tokens, "accepted": s.accepted,
-           "recovered": s.recovered, "rejected": s.rejected, "generated": s.generated, "drafts": s.drafts,
-           "forward_calls": s.forward_calls, "tokens_per_s": s.tokens_per_s, "flops": s.flops,
-           "steps_accepted": s.steps_accepted, "steps_rejected": s.steps_rejected,
-           "step_s_alone": s.step_s_alone, "step_s_drafting": s.step_s_drafting,
+    stats = done.stats.to_dict()  # every RunStats field, named as in the runs table
+    run = {"prompt_id": prompt["id"], "repeat": repeat, "latency_s": stats["wall_s"], **stats, "method": method,
            "answer_text": done.answer_text, "answer_token_ids": done.answer_ids,
            "reasoning_token_ids": done.reasoning_ids}
     if prompt.get("reference") is not None:

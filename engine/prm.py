@@ -59,6 +59,17 @@ class MathShepherdScorer:
         self.tokens = self.lm.tokenizer.encode(question, add_special_tokens=True)
         self._started = False
 
+    @torch.inference_mode()
+    def score_all(self, question: str, steps: list[str]) -> list[float]:
+        """Every step's score in one forward over the whole input (evaluation; no cache kept)."""
+        self.start(question)
+        for step in steps:
+            self.commit(step)
+        ids = torch.tensor([self.tokens], device=self.lm.device)
+        logits = self.lm.model(input_ids=ids).logits[0]  # [T, V]
+        tags = (ids[0] == self.tag).nonzero().flatten()
+        return torch.softmax(logits[tags][:, [self.plus, self.minus]].float(), dim=-1)[:, 0].tolist()
+
     def score(self, candidate: str, seq: list[int] | None = None, step_tokens: list[int] | None = None) -> float:
         piece = self._piece(candidate)
         self.model.sync(self.tokens)  # catch up on committed steps (e.g. a target's step)

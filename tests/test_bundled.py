@@ -10,12 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from engine.baseline import decode_baseline
 from engine.config import RunConfig
 from engine.model import load_model
-from engine.training.evaluate import KNOWN_BUDGET, step_scores
+from engine.training.evaluate import KNOWN_BUDGET
 
 EXPECTED = json.loads((Path(__file__).parent / "data" / "bundled_expected.json").read_text())
 
@@ -36,15 +35,10 @@ def test_known_greedy_output(name):
 
 @pytest.mark.skipif("tiny-prm" not in EXPECTED, reason="no bundled PRM exported yet")
 def test_known_prm_scores():
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from engine.prm import MathShepherdScorer
 
-    from engine.presets import BUNDLED  # noqa: F401  (the PRM is one of the bundled names)
-    from engine.model import resolve_model_path
-
-    path, _ = resolve_model_path("tiny-prm")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(path)
+    scorer = MathShepherdScorer(load_model("tiny-prm"))
     exp = EXPECTED["tiny-prm"]
     for kind in ("good", "bad"):
-        scores = step_scores(model, tok, exp["question"], exp[f"{kind}_steps"])
+        scores = scorer.score_all(exp["question"], exp[f"{kind}_steps"])
         assert scores == pytest.approx(exp[f"{kind}_scores"], abs=1e-4)

@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 
 from engine.synthetic import EVAL_SEED_BASE, check, make_arithmetic_example, make_example
-from engine.training.data import corrupted_steps, prm_text, prompt_text
-from engine.training.tokenizer import STEP_TAG
+from engine.training.data import corrupted_steps, prompt_text
+from engine.model import LoadedModel
+from engine.prm import MathShepherdScorer
 
 
 @torch.inference_mode()
@@ -33,16 +34,9 @@ def suite_accuracy(model, tokenizer, suite: str, n: int, max_new_tokens: int = 7
     return correct / n
 
 
-@torch.inference_mode()
-def step_scores(model, tokenizer, question: str, steps: list[str]) -> list[float]:
-    """P(+) at every step tag, math-shepherd style."""
-    ids = tokenizer(prm_text(question, steps), return_tensors="pt", add_special_tokens=False).input_ids
-    logits = model(ids).logits[0]
-    tag = tokenizer.convert_tokens_to_ids(STEP_TAG)
-    plus = tokenizer.encode("+", add_special_tokens=False)[0]
-    minus = tokenizer.encode("-", add_special_tokens=False)[0]
-    pos = (ids[0] == tag).nonzero().flatten()
-    return torch.softmax(logits[pos][:, [plus, minus]], dim=-1)[:, 0].tolist()
+def _scorer(model, tokenizer) -> MathShepherdScorer:
+    """The RSD scorer around a model being trained: evaluation reads the PRM exactly as RSD does."""
+    return MathShepherdScorer(LoadedModel(model, tokenizer, "tiny-prm", None))
 
 
 def auroc(pos: list[float], neg: list[float]) -> float:
@@ -52,15 +46,16 @@ def auroc(pos: list[float], neg: list[float]) -> float:
 
 
 def prm_auroc(model, tokenizer, n: int) -> float:
+    scorer = _scorer(model, tokenizer)
     rng = random.Random(7)
     good, bad = [], []
     for i in range(n):
         ex = make_arithmetic_example(EVAL_SEED_BASE + i)
         steps, labels = corrupted_steps(ex, rng)
-        for score, ok in zip(step_scores(model, tokenizer, ex.prompt, steps), labels):
+        for score, ok in zip(scorer.score_all(ex.prompt, steps), labels):
             (good if ok else bad).append(score)
         clean = list(ex.reasoning_steps) + [ex.answer]
-        good += step_scores(model, tokenizer, ex.prompt, clean)
+        good += scorer.score_all(ex.prompt, clean)
     return auroc(good, bad)
 
 
@@ -92,16 +87,13 @@ def known_outputs(models_dir) -> dict:
             done = list(decode_baseline(lm, prompt, RunConfig(**KNOWN_BUDGET)))[-1]
             out[name] = {"prompt": prompt, "reasoning_ids": done.reasoning_ids, "answer_ids": done.answer_ids}
     if (models_dir / "tiny-prm" / "config.json").exists():
-        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
-
-        model = AutoModelForCausalLM.from_pretrained(models_dir / "tiny-prm", dtype=torch.float32).eval()
-        tok = AutoTokenizer.from_pretrained(models_dir / "tiny-prm")
+        scorer = MathShepherdScorer(load_model(str(models_dir / "tiny-prm")))
         ex = make_arithmetic_example(KNOWN["arithmetic"])
         good = list(ex.reasoning_steps) + [ex.answer]
         bad, _ = corrupted_steps(ex, random.Random(0))
         out["tiny-prm"] = {"question": ex.prompt, "good_steps": good, "bad_steps": bad,
-                           "good_scores": step_scores(model, tok, ex.prompt, good),
-                           "bad_scores": step_scores(model, tok, ex.prompt, bad)}
+                           "good_scores": scorer.score_all(ex.prompt, good),
+                           "bad_scores": scorer.score_all(ex.prompt, bad)}
     return out
 
 
