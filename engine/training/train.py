@@ -38,15 +38,17 @@ BUILD = ROOT / "build" / "train"
 # name -> (data kind, architecture, rows of ROW_LEN packed tokens per batch, peak lr, total steps)
 SPECS = {
     "tiny-reasoner": ("target", dict(hidden_size=192, num_hidden_layers=6, num_attention_heads=6,
-                                     num_key_value_heads=3, intermediate_size=576), 6, 2e-3, 8000),
+                                     num_key_value_heads=3, intermediate_size=576), 12, 2e-3, 8000),
     "tiny-reasoner-draft": ("draft", dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
-                                          num_key_value_heads=3, intermediate_size=288), 4, 3e-3, 2200),
+                                          num_key_value_heads=3, intermediate_size=288), 8, 3e-3, 2200),
     "tiny-prm": ("prm", dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
-                             num_key_value_heads=3, intermediate_size=288), 4, 1e-3, 2000),
+                             num_key_value_heads=3, intermediate_size=288), 8, 1e-3, 2000),
 }
 WARMUP = 300
 REWARM = 100  # steps of warm-up after resuming without the optimizer state
-ROW_LEN = 1024  # sequences are packed into rows this long, each attending only to itself
+ROW_LEN = 512  # sequences (all under 500 tokens) are packed into rows this long, each attending only to
+# itself; 512 rather than 1024 makes a step ~20% cheaper for the same tokens (attention is quadratic in it).
+# The target trained its first 1,300 steps with 6 rows of 1024, the draft and the PRM 4 rows of 1024.
 
 
 def load_or_build_tokenizer():
