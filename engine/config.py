@@ -39,6 +39,7 @@ class RunConfig:
     num_drafts: int = 1  # > 1: iterative SSR, a new draft every draft_interval reasoning tokens
     draft_interval: int = 250
     max_spec: int = 32  # most tokens verified in one forward
+    think_spec: int = 8  # reasoning phase: most lookup tokens each row verifies per step (0: one token per step)
     min_match: int = 2  # shortest answer suffix that suffix recovery matches
     spec_factor: float = 0.0  # > 0: a suffix proposal is at most spec_factor x its match length (SuffixDecoding)
     suffix_recovery: bool = True  # reuse drafts after the first mismatch
@@ -53,7 +54,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         for name in ("max_think", "max_answer", "max_draft", "num_drafts", "max_spec", "min_match"):
             _require(name, getattr(self, name), getattr(self, name) >= 1, "must be >= 1")
-        for name in ("draft_start", "draft_interval", "seed"):
+        for name in ("draft_start", "draft_interval", "seed", "think_spec"):
             _require(name, getattr(self, name), getattr(self, name) >= 0, "must be >= 0")
         _require("temperature", self.temperature,
                  math.isfinite(self.temperature) and self.temperature >= 0, "must be a finite number >= 0")

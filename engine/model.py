@@ -139,14 +139,19 @@ class LoadedModel:
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, cache, start: int) -> torch.Tensor:
-        """Logits ``[B, T, V]`` for ``input_ids`` ``[B, T]`` at positions ``start .. start + T``.
-        Every row of the batch sits at the same positions (SSR forks share the prefix length)."""
+    def forward(self, input_ids: torch.Tensor, cache, start: int, positions: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[B, T, V]`` for ``input_ids`` ``[B, T]`` appended to a cache of ``start`` slots.
+
+        By default every row sits at positions ``start .. start + T``. A batch whose rows hold
+        holes (slots a row must not see, see :func:`compact`) passes each row's own
+        ``positions`` ``[B, T]`` and an ``attention_mask`` ``[B, start + T]`` (1: visible)."""
         b, t = input_ids.shape
-        positions = torch.arange(start, start + t, device=self.device).expand(b, t)
+        if positions is None:
+            positions = torch.arange(start, start + t, device=self.device).expand(b, t)
         assert cache.get_seq_length() == start, f"cache holds {cache.get_seq_length()} tokens, expected {start}"
         out = self.model(input_ids=input_ids.to(self.device), cache=cache, position_ids=positions,
-                         use_cache=True, logits_to_keep=t)
+                         attention_mask=attention_mask, use_cache=True, logits_to_keep=t)
         return out.logits
 
     def step_logits(self, tokens: list[int], cache, start: int) -> torch.Tensor:
@@ -166,6 +171,22 @@ def crop(cache, length: int) -> None:
     assert extra >= 0, f"cannot crop a cache of {cache.get_seq_length()} tokens to {length}"
     if extra:
         cache.crop(-extra)
+
+
+def holes_supported(cache) -> bool:
+    """Whether rows of ``cache`` may hold holes: every layer a plain growing key/value store (a
+    sliding window counts slots, not tokens, so holes would shrink it)."""
+    from transformers.cache_utils import DynamicLayer  # noqa: PLC0415
+
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def compact(cache, keep: torch.Tensor) -> None:
+    """Keep only the slots ``keep`` (1-D indices, in order) of a one-row cache: the row's holes go."""
+    for layer in cache.layers:
+        if layer.is_initialized and layer.keys.numel():
+            layer.keys = layer.keys.index_select(-2, keep)
+            layer.values = layer.values.index_select(-2, keep)
 
 
 def load_model(name: str | None = None, device: str | None = None, dtype: str | None = None,

@@ -28,11 +28,10 @@ class Draft:
 
     index: int
     forked_at: int  # reasoning tokens the draft saw
-    pending: list[int]  # forced tokens still to feed (the end-of-thinking marker and tail)
+    unfed: list[int]  # tokens chosen (or forced) for the draft's row but not yet in the cache
     tokens: list[int] = field(default_factory=list)  # the draft answer, template tail included
     probs: list[torch.Tensor | None] = field(default_factory=list)  # q per token (None: one-hot)
     finished: bool = False
-    marker_fed: bool = False  # the end-of-thinking marker is fed first and is not a draft token
 
     @property
     def name(self) -> str:

@@ -6,9 +6,12 @@ Phase A, reasoning with batched drafters. At reasoning token ``draft_start`` (an
 SSR, every ``draft_interval`` tokens after, up to ``num_drafts``) a draft row forks from the main
 row: it copies the main row's KV cache (the prefix is reused, never recomputed), is fed the
 end-of-thinking marker and the template tail, and writes a draft answer. Every step is one
-forward over all live rows, one token per row: since a fork copies the main row's cache, every
-row always has the same length and the same positions, so no padding or mask is needed. A
-finished row (end of sequence, ``max_draft`` tokens) leaves the batch.
+forward over all live rows. Beyond the paper, each row may also verify a lookup proposal in that
+forward (``think_spec`` tokens at most: the main row's from the prompt and its reasoning, a
+draft's from itself, the reasoning and the prompt), so rows take different numbers of tokens per
+step; the slots a row rejected stay in the shared cache as *holes* that the row's attention mask
+hides, and each row carries its own positions. When only the main row is left its holes are
+compacted away. A finished row (end of sequence, ``max_draft`` tokens) leaves the batch.
 
 Phase B, answer by verification. Proposers are asked in order (draft prefix, suffix match in the
 drafts, suffix match in prompt/reasoning/answer); the first proposal is verified in one forward
@@ -32,8 +35,8 @@ import torch
 
 from engine.config import RunConfig
 from engine.events import Event
-from engine.model import LoadedModel, crop
-from engine.proposers import Draft, DraftPrefixProposer, SuffixProposer
+from engine.model import LoadedModel, compact, crop, holes_supported
+from engine.proposers import Draft, DraftPrefixProposer, Proposal, SuffixProposer
 from engine.recorder import Recorder
 from engine.sampling import Chooser
 from engine.suffix_index import SuffixIndex
@@ -50,11 +53,13 @@ def decode_ssr(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     state = _State(lm, cfg, rec, index, Chooser(cfg.temperature, cfg.top_p, cfg.seed),
                    Chooser(cfg.temperature, cfg.top_p, cfg.seed + 1))
     yield rec.phase("prefill")
-    state.logits = lm.step_logits(prompt_ids, state.cache, 0)[-1:]  # [1, V]: the main row
-    rec.forward()
-    state.length = len(prompt_ids)
-    yield from _reason_and_draft(state, markers)
+    if len(prompt_ids) > 1:  # the last prompt token is the main row's first input in phase A
+        lm.step_logits(prompt_ids[:-1], state.cache, 0)
+        rec.forward()
+    state.length = len(prompt_ids) - 1
+    yield from _reason_and_draft(state, markers, prompt_ids[-1])
     if not state.ended:
+        state.index.reset_cursors()  # the answer reads every source afresh
         yield from _answer(state)
     yield rec.phase("done")
     yield rec.done()
@@ -68,84 +73,196 @@ class _State:
         self.main, self.drafter = main, drafter
         self.cache = lm.new_cache()
         self.length = 0  # tokens in every row of the cache
-        self.logits: torch.Tensor | None = None  # [rows, V] from the last forward
         self.drafts: list[Draft] = []
         self.unfed: list[int] = []  # main-row tokens chosen but not yet in the cache
         self.answer: list[int] = []
         self.ended = False  # the model ended the sequence inside its reasoning
 
 
-def _reason_and_draft(s: _State, markers) -> Iterator[Event]:
+def _reason_and_draft(s: _State, markers, first_input: int) -> Iterator[Event]:
     cfg, rec, lm = s.cfg, s.rec, s.lm
     yield rec.phase("reasoning")
     rows: list[Draft] = []  # live drafts, in batch order after the main row
-    n, forced = 0, []
-    step_times: dict[bool, list[float]] = {False: [], True: []}  # per reasoning step, without / with drafts
+    unfed = [first_input]  # the main row's tokens not yet in the cache
+    n = 0  # reasoning tokens so far
+    batch = _Batch(s.length, lm.device)
+    think_stop = lm.eos_ids | {markers.close_id}
+    main_lookup = SuffixProposer(s.index, ["prompt", "reasoning"], think_stop, cfg.spec_factor)
+    step_times: dict[bool, list[float]] = {False: [], True: []}  # one-token steps, without / with drafts
     while True:
         t_step = time.perf_counter()
-        # 1. fork: a new row copies the main row and will be fed the end-of-thinking marker
-        if len(s.drafts) < cfg.num_drafts and n == cfg.draft_start + len(s.drafts) * cfg.draft_interval:
-            d = Draft(len(s.drafts), n, list(markers.close_ids))
+        # 1. fork: a new row copies the main row; it is fed what the main row has not fed yet,
+        #    then the end-of-thinking marker and the template tail (the tail opens the draft)
+        if len(s.drafts) < cfg.num_drafts and n == _fork_at(cfg, len(s.drafts)):
+            tail = list(markers.close_ids[1:])
+            d = Draft(len(s.drafts), n, [*unfed, *markers.close_ids], tokens=tail, probs=[None] * len(tail))
             s.drafts.append(d)
             rows.append(d)
             rec.stats.drafts += 1
-            s.cache.reorder_cache(torch.tensor([*range(len(rows)), 0], device=lm.device))
+            batch.fork(s.cache, len(rows))
             yield rec.phase("drafting", draft=d.index, at_token=n)
-        # 2. the main row picks its reasoning token (budget forcing at max_think)
-        if n == cfg.max_think:
-            tok, forced = markers.close_id, list(markers.close_ids[1:])
-        else:
-            tok = s.main.pick(s.logits[0])
-        n += 1
-        if tok in lm.eos_ids:  # the model ended without closing its thoughts: no answer
-            s.ended = True
-            break
-        yield rec.token("reasoning", tok)
-        s.index.extend("reasoning", [tok])
-        if tok == markers.close_id:
-            break
-        # 3. every live draft row takes a forced token or picks its next draft token
-        inputs, keep = [tok], [0]
-        for i, d in enumerate(rows):
-            if d.pending:  # the marker first (not part of the draft), then the template tail
-                t, q = d.pending.pop(0), None
-            else:
-                t, q = s.drafter.pick_with_probs(s.logits[1 + i])
+            s.index.extend(d.name, tail)
+            for t in tail:
+                yield rec.token("draft", t, draft=d.index)
+        # 2. what each row feeds: its unfed tokens, then a lookup proposal (when its row may hold
+        #    holes; a cache that cannot feeds one token per row per step, as the paper does)
+        spec = cfg.think_spec if (not rows or holes_supported(s.cache)) else 0
+        room = min(spec, cfg.max_think - n)
+        if len(s.drafts) < cfg.num_drafts:  # land exactly on the next fork
+            room = min(room, _fork_at(cfg, len(s.drafts)) - n - 1)
+        feeds = [_feed(unfed, main_lookup, s.index.sources.get("reasoning", []), room, spec)]
+        for d in rows:
+            look = SuffixProposer(s.index, [d.name, "reasoning", "prompt"], lm.eos_ids, cfg.spec_factor)
+            feeds.append(_feed(d.unfed, look, d.tokens, min(spec, cfg.max_draft - len(d.tokens) - 1), spec))
+        # 3. one forward over every row
+        logits = batch.forward(lm, s.cache, [f for f, _, _ in feeds])  # [rows, K, V]
+        rec.forward()
+        # 4. each row verifies its proposal; the batch keeps what each row took
+        taken = []
+        for r, (fed, prop, _) in enumerate(feeds):
+            row_unfed = unfed if r == 0 else rows[r - 1].unfed
+            m = len(fed) - (len(prop.tokens) if prop else 0)  # unfed tokens fed now
+            del row_unfed[:m]
+            if row_unfed:  # forced tokens are still queued: nothing to choose yet
+                taken.append((m, 0, None, logits[r]))
+                continue
+            chooser = s.main if r == 0 else s.drafter
+            a, nxt = chooser.verify(logits[r, m - 1 : len(fed)], prop.tokens if prop else [], None)
+            taken.append((m, a, nxt, logits[r, m - 1 :]))
+        batch.keep(s.cache, [m + a for m, a, _, _ in taken])
+        # 5. drafts record what they took
+        for d, (_, prop, look), (m, a, nxt, row_logits) in zip(rows, feeds[1:], taken[1:]):
+            if nxt is None:
+                continue
+            for j, t in enumerate([*(prop.tokens[:a] if prop else []), nxt]):
                 if t in lm.eos_ids:
                     d.finished = True
-                    continue
-            if d.marker_fed:
+                    break
                 d.tokens.append(t)
-                d.probs.append(q)
+                d.probs.append(None if s.drafter.greedy else s.drafter.probs(row_logits[j]))
                 s.index.extend(d.name, [t])
                 yield rec.token("draft", t, draft=d.index)
-            d.marker_fed = True
-            if len(d.tokens) >= cfg.max_draft:
-                d.finished = True
-                continue
-            inputs.append(t)
-            keep.append(1 + i)
-        # 4. drop finished rows, then one forward advances every row by one token
-        if len(keep) < 1 + len(rows):
-            s.cache.batch_select_indices(torch.tensor(keep, device=lm.device))
-            rows = [rows[i - 1] for i in keep[1:]]
-        s.logits = lm.forward(torch.tensor(inputs, device=lm.device)[:, None], s.cache, s.length)[:, -1]  # [rows, V]
-        rec.forward()
-        s.length += 1
-        step_times[bool(rows)].append(time.perf_counter() - t_step)
+                if len(d.tokens) >= cfg.max_draft:
+                    d.finished = True
+                    break
+            d.unfed = [] if d.finished else [nxt]
+            if prop is not None:
+                look.observe(prop, a)
+        # 6. the main row: accepted lookup tokens, then its own (budget forcing at max_think)
+        _, a, nxt, _ = taken[0]
+        prop = feeds[0][1]
+        done = False
+        if nxt is not None:
+            for t in prop.tokens[:a] if prop else []:
+                yield rec.token("reasoning", t, "recovered", source=prop.source, match_len=prop.match_len)
+                s.index.extend("reasoning", [t])
+            if prop is not None:
+                main_lookup.observe(prop, a)
+            n += a
+            forced = []
+            if n == cfg.max_think:
+                nxt, forced = markers.close_id, list(markers.close_ids[1:])
+            n += 1
+            if nxt in lm.eos_ids:  # the model ended without closing its thoughts: no answer
+                s.ended = True
+                done = True
+            else:
+                yield rec.token("reasoning", nxt)
+                s.index.extend("reasoning", [nxt])
+                unfed = [nxt, *forced]
+                done = nxt == markers.close_id
+        # 7. drop finished rows; alone again, the main row sheds its holes
+        live = [i for i, d in enumerate(rows) if not d.finished]
+        if len(live) < len(rows):
+            batch.select(s.cache, [0, *(1 + i for i in live)])
+            rows = [rows[i] for i in live]
+        if all(len(f) == 1 for f, _, _ in feeds):
+            step_times[bool(rows)].append(time.perf_counter() - t_step)
+        if done:
+            break
     rec.stats.step_s_alone = _mean(step_times[False])
     rec.stats.step_s_drafting = _mean(step_times[True])
-    # 5. reasoning over: live drafts are frozen as they are; the main row goes on alone
+    # reasoning over: live drafts are frozen as they are; the main row goes on alone
     if rows:
-        s.cache.batch_select_indices(torch.tensor([0], device=lm.device))
+        batch.select(s.cache, [0])
+    s.length = batch.length
     if s.ended:
         return
-    s.unfed = [tok, *forced]
+    forced = unfed[1:]
+    s.unfed = unfed
     s.answer = list(forced)
     s.index.extend("answer", forced)
     yield rec.phase("answer")
     for t in forced:
         yield rec.token("answer", t)
+
+
+def _fork_at(cfg: RunConfig, drafts_so_far: int) -> int:
+    return cfg.draft_start + drafts_so_far * cfg.draft_interval
+
+
+def _feed(unfed: list[int], lookup: SuffixProposer, context: list[int], room: int, spec: int):
+    """What a row feeds this step: ``(tokens, proposal, proposer)``. All its unfed tokens and, once
+    nothing forced is queued, a lookup proposal of at most ``room`` tokens; with ``spec`` 0 (one
+    token per row per step) just its next unfed token."""
+    if spec == 0:
+        return unfed[:1], None, lookup
+    prop = lookup.propose(context, room) if room > 0 and len(unfed) == 1 else None
+    return [*unfed, *(prop.tokens if prop else [])], prop, lookup
+
+
+class _Batch:
+    """The rows of phase A in one cache: a row may hold holes (slots it rejected), hidden from it
+    by its attention mask; each row has its own positions."""
+
+    def __init__(self, length: int, device) -> None:
+        self.device = device
+        self.length = length  # slots in the cache, holes included
+        self.valid: torch.Tensor | None = None  # [rows, length] visible slots; None: no holes anywhere
+        self.positions = [length]  # per row: tokens it holds (its next position)
+
+    def fork(self, cache, rows_after: int) -> None:
+        """Append a copy of the main row (there are ``rows_after`` drafts once it is added)."""
+        cache.reorder_cache(torch.tensor([*range(rows_after), 0], device=self.device))
+        if self.valid is not None:
+            self.valid = torch.cat([self.valid, self.valid[:1]])
+        self.positions.append(self.positions[0])
+
+    def forward(self, lm: LoadedModel, cache, feeds: list[list[int]]) -> torch.Tensor:
+        """Logits ``[rows, K, V]`` for each row's feed, padded to the longest (K). A row's padding
+        sits after its real tokens, so causality already hides it in this forward; ``keep`` turns
+        it into holes for the next ones."""
+        width = max(len(f) for f in feeds)
+        ids = torch.tensor([f + [f[-1]] * (width - len(f)) for f in feeds], device=self.device)
+        pos = torch.tensor(self.positions, device=self.device)[:, None] + torch.arange(width, device=self.device)
+        mask = None
+        if self.valid is not None:
+            mask = torch.cat([self.valid, torch.ones(len(feeds), width, dtype=torch.bool)], dim=1).long()
+            mask = mask.to(self.device)
+        return lm.forward(ids, cache, self.length, positions=pos, attention_mask=mask)
+
+    def keep(self, cache, kept: list[int]) -> None:
+        """Row ``r`` keeps the first ``kept[r]`` slots it was just fed; the rest become its holes.
+        Slots no row kept are cropped off the end."""
+        top = max(kept)
+        crop(cache, self.length + top)
+        if self.valid is not None or any(k < top for k in kept):
+            block = torch.arange(top)[None, :] < torch.tensor(kept)[:, None]
+            valid = self.valid if self.valid is not None else torch.ones(len(kept), self.length, dtype=torch.bool)
+            self.valid = torch.cat([valid, block], dim=1)
+        self.length += top
+        self.positions = [p + k for p, k in zip(self.positions, kept)]
+
+    def select(self, cache, keep: list[int]) -> None:
+        """Keep these rows; a lone main row sheds its holes."""
+        cache.batch_select_indices(torch.tensor(keep, device=self.device))
+        self.positions = [self.positions[i] for i in keep]
+        if self.valid is not None:
+            self.valid = self.valid[keep]
+            if len(keep) == 1:
+                slots = self.valid[0].nonzero().flatten()
+                compact(cache, slots.to(self.device))
+                self.length, self.valid = len(slots), None
 
 
 def _answer(s: _State) -> Iterator[Event]:

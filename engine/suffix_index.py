@@ -57,6 +57,10 @@ class SuffixIndex:
         """Move ``name``'s cursor to ``position`` (the end of a taken proposal)."""
         self.cursors[name] = max(self.cursors.get(name, 0), position)
 
+    def reset_cursors(self) -> None:
+        """Forget where earlier proposals ended (a new phase reads every source afresh)."""
+        self.cursors = dict.fromkeys(self.cursors, 0)
+
     def lookup(self, context: list[int], names: list[str], max_tokens: int, stop: frozenset[int] = frozenset()) -> Match | None:
         """The best match of ``context``'s suffix in the sources ``names`` (see the module rules)."""
         n = self.min_match

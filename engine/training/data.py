@@ -105,6 +105,9 @@ def prm_sequence(tokenizer, seed: int, rng: random.Random) -> tuple[list[int], l
     targets = ids[1:] + [IGNORE]  # position i predicts token i + 1 ...
     tag_positions = [i for i, t in enumerate(ids) if t == tag]
     assert len(tag_positions) == len(labels), "one tag per step"
+    if False in labels:  # no language modelling on wrong arithmetic: it would teach it
+        last_good_tag = tag_positions[labels.index(False) - 1]
+        targets[last_good_tag + 1 :] = [IGNORE] * (len(targets) - last_good_tag - 1)
     for pos, good in zip(tag_positions, labels):
         targets[pos] = plus if good else minus  # ... except at a tag, whose logits carry the verdict
     return ids, targets
