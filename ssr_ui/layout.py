@@ -81,6 +81,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                     draft_interval = gr.Number(value=cfg.draft_interval, precision=0, label="Draft interval")
                     suffix = gr.Checkbox(value=cfg.suffix_recovery, label="Suffix recovery")
                     lookup = gr.Checkbox(value=cfg.context_lookup, label="Context lookup")
+                    think_spec = gr.Number(value=cfg.think_spec, precision=0, label="Reasoning lookup",
+                                           info="tokens each row may verify per reasoning step (0: one, as in the paper)")
                 with gr.Row():
                     temperature = gr.Slider(0, 2, value=cfg.temperature, step=0.05, label="Temperature (0 = greedy)")
                     seed = gr.Number(value=cfg.seed, precision=0, label="Seed")
@@ -140,11 +142,11 @@ def build_app(studio: Studio) -> gr.Blocks:
                 suffix_recovery: bool = cfg.suffix_recovery, context_lookup: bool = cfg.context_lookup,
                 temperature: float = cfg.temperature, seed: int = cfg.seed, draft_model: str = "",
                 prm: str = "", threshold: float = cfg.threshold, weighting: str = cfg.weighting,
-                weight_param: float = cfg.weight_param):
+                weight_param: float = cfg.weight_param, think_spec: int = cfg.think_spec):
             settings = dict(draft_start=draft_start, max_think=max_think, max_draft=max_draft, max_answer=max_answer,
                             num_drafts=num_drafts, draft_interval=draft_interval, suffix_recovery=suffix_recovery,
                             context_lookup=context_lookup, temperature=temperature, seed=seed, threshold=threshold,
-                            weighting=weighting, weight_param=weight_param)
+                            weighting=weighting, weight_param=weight_param, think_spec=think_spec)
             settings = {k: _coerce(k, v) for k, v in settings.items() if v is not None}
             for frame in studio.run(prompt, method, model, draft_model, prm, **settings):
                 *panes, fig = frame.as_tuple()
@@ -155,7 +157,7 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         run_event = run_btn.click(
             run, [prompt, method, model, draft_start, max_think, max_draft, max_answer, num_drafts, draft_interval,
-                  suffix, lookup, temperature, seed, draft_model, prm, threshold, weighting, weight_param],
+                  suffix, lookup, temperature, seed, draft_model, prm, threshold, weighting, weight_param, think_spec],
             [reasoning_pane, draft_pane, answer_pane, metrics, chart, last_view, draft_pick], api_name="run",
             concurrency_limit=1)
         draft_pick.input(lambda view, which: view.draft_html(which) if view else "", [last_view, draft_pick],

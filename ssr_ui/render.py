@@ -150,7 +150,8 @@ def _pane(spans: list[str], empty: str) -> str:
 LEGEND = (
     '<div class="legend">'
     '<span class="tok st-accepted">accepted</span> taken from the draft by prefix verification · '
-    '<span class="tok st-recovered">suffix-recovered</span> taken after a mismatch by suffix matching · '
+    '<span class="tok st-recovered">suffix-recovered</span> taken after a mismatch by suffix matching '
+    '(in the reasoning: verified from a lookup in the prompt or the reasoning) · '
     '<span class="tok st-generated">generated</span> the model\'s own token · '
     '<span class="tok st-rejected">rejected</span> proposed, not taken · '
     '<span class="fork">▼</span> where a draft forked · RSD: <span class="step step-draft">draft 0.91</span> a draft '
