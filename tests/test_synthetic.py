@@ -95,3 +95,42 @@ def test_cli_writes_held_out_prompts(tmp_path, capsys):
     assert all(set(r) == {"id", "prompt", "reference", "suite"} for r in rows)
     with pytest.raises(SystemExit):
         main(["--suite", "poetry", "--n", "3", "--out", str(out)])
+
+
+def test_prm_sequences_carry_running_verdicts():
+    """The PRM's targets: at each tag the step's label; at each result digit, whether the chain is
+    right up to that digit; no language modelling after the first wrong step. The input is exactly
+    math-shepherd's text as the RSD scorer builds it."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from engine.training.data import IGNORE, prm_sequence, prm_text
+    from engine.training.tokenizer import STEP_TAG
+
+    tok = AutoTokenizer.from_pretrained("assets/models/tiny-reasoner")
+    plus, minus, tag = (tok.convert_tokens_to_ids(t) for t in ("+", "-", STEP_TAG))
+    digits = {tok.convert_tokens_to_ids(str(d)) for d in range(10)}
+    for seed in range(60):
+        ids, targets = prm_sequence(tok, seed, random.Random(seed))
+        ex = make_example("arithmetic", seed)
+        verdicts = [t for t in targets if t in (plus, minus)]
+        tags = [targets[i] for i, t in enumerate(ids) if t == tag]
+        assert len(tags) == len(ex.reasoning_steps) + 1
+        assert all(targets[i] in (plus, minus) for i, t in enumerate(ids) if t in digits and targets[i] != IGNORE
+                   and (i + 1 == len(ids) or targets[i] != ids[i + 1]))
+        if minus in tags:
+            first_bad = tags.index(minus)
+            assert tags[first_bad:] == [minus] * (len(tags) - first_bad), "every step after an error is bad"
+            # the first wrong step's digits: right ones first, then wrong from the first mismatch on
+            step_verdicts = verdicts[: verdicts.index(minus) + 1]
+            assert step_verdicts[-1] == minus and all(v == plus for v in step_verdicts[:-1])
+            last_good_tag = [i for i, t in enumerate(ids) if t == tag][first_bad - 1]
+            lm_after = [t for t in targets[last_good_tag + 1:] if t not in (plus, minus, IGNORE)]
+            assert lm_after == [], "no language modelling on wrong arithmetic"
+            assert plus not in verdicts[verdicts.index(minus):]
+        else:
+            assert set(verdicts) == {plus}
+        assert tok.decode(ids).startswith(ex.prompt)
+    steps = list(make_example("arithmetic", 0).reasoning_steps)
+    assert tok.encode(prm_text("q?", steps), add_special_tokens=False)[-1] == tag
