@@ -29,24 +29,18 @@ from dataclasses import dataclass
 
 EVAL_SEED_BASE = 1_000_000  # training seeds are < this, held-out evaluation seeds are >= this
 
+# Names come from small fixed lists: with a byte-level BPE, " tiger" (prose) and "tiger" (after
+# "self.") are different tokens, so a model must learn that pairing for every name it copies. Lists
+# of 34 field words and 13 class names keep that learnable for the bundled 2.9M model on a CPU
+# budget (the first 2,000 training steps drew from 136 and 50).
 FIELD_WORDS = (
-    "apple bread cable chair cloud coral daisy eagle flame frost grape honey ivory jelly koala "
-    "lemon mango maple melon noble ocean olive pearl piano plum quartz raven river robin rose "
-    "salt seed shell silver snow spark stone storm sugar tiger tulip vapor violet water wheat "
-    "wind wolf zebra amber anchor arrow badge basil beacon berry birch blade bloom brick brush "
-    "candle canvas carrot cedar cherry cider clay clover cobalt comet copper cotton crane crow "
-    "dune ember fern fig flint garnet ginger glacier hazel heron iris jade jasper kelp lark "
-    "lava lily linen lotus lunar marble meadow mint moss nectar nutmeg oak onyx orchid otter "
-    "paper pepper pine pixel pollen poppy prism quill radish reed ridge ruby saffron sage "
-    "sand sapphire shadow sierra slate sorrel spruce summit thistle thorn thunder timber topaz "
-    "trail velvet willow yarrow zinc"
+    "apple cloud flame ivory mango ocean plum robin shell stone tulip wheat amber basil blade "
+    "candle cherry cobalt crane fern ginger iris lark lotus mint oak paper pollen radish "
+    "saffron shadow spruce thunder velvet"
 ).split()
 
 CLASS_NAMES = (
-    "Garden Library Kitchen Harbor Market Studio Museum Orchard Bakery Station Theater Galaxy "
-    "Forest Castle Bridge Canyon Island Valley Meadow Temple Tower Engine Rocket Planet Atlas "
-    "Beacon Compass Lantern Palette Quarry Ledger Vault Window Wallet Basket Bottle Camera "
-    "Folder Garage Hotel Jungle Ladder Magnet Mirror Needle Pantry Puzzle Saddle Tablet Tunnel"
+    "Garden Market Bakery Forest Island Tower Atlas Palette Window Camera Jungle Needle Tablet"
 ).split()
 
 METHODS = ("reset", "total", "describe", "double", "count", "largest")
