@@ -90,56 +90,24 @@ def corrupted_steps(ex: Example, rng: random.Random) -> tuple[list[str], list[bo
 
 
 def prm_sequence(tokenizer, seed: int, rng: random.Random) -> tuple[list[int], list[int]]:
-    """A PRM training sequence with targets aligned to positions. At each step tag: the verdict
-    (``+`` or ``-``, read from the logits at the tag, as math-shepherd does). At each digit of a
-    step's result: a *running* verdict, whether the chain is still right up to and including that
-    digit, which breaks "is this step right?" into one local comparison per digit (a single
-    verdict per step at the tag left a small PRM stuck at AUROC ~0.74). Elsewhere: the next token,
-    up to the first wrong step (language modelling keeps the arithmetic the verdicts depend on)."""
+    """A PRM training sequence with targets aligned to positions: at each step tag the label
+    (``+`` or ``-``, read from the logits at the tag, as math-shepherd does), elsewhere the next
+    token (language modelling keeps the arithmetic the verdicts depend on)."""
     ex = make_arithmetic_example(seed)
-    clean = list(ex.reasoning_steps) + [ex.answer]
     if rng.random() < 0.5:
-        steps, labels = clean, [True] * len(clean)
+        steps, labels = list(ex.reasoning_steps) + [ex.answer], None
+        labels = [True] * len(steps)
     else:
         steps, labels = corrupted_steps(ex, rng)
-    first_bad = labels.index(False) if False in labels else len(steps)
+    ids = _encode(tokenizer, prm_text(ex.prompt, steps))
+    tag = tokenizer.convert_tokens_to_ids(STEP_TAG)
     plus, minus = _encode(tokenizer, "+")[0], _encode(tokenizer, "-")[0]
-    ids = _encode(tokenizer, ex.prompt)
-    targets: list[int] = []
-    for i, step in enumerate(steps):
-        piece = _encode(tokenizer, f"{' ' if i == 0 else chr(10)}{step} {STEP_TAG}")
-        start = len(ids)
-        ids += piece
-        written = _result_digits(tokenizer, piece)  # indices in piece
-        reference = _encode(tokenizer, clean[i])
-        right = [reference[j] for j in _result_digits(tokenizer, reference)]
-        for k, pos in enumerate(written):
-            ok = i < first_bad or (i == first_bad and [piece[j] for j in written[: k + 1]] == right[: k + 1])
-            targets.append((start + pos, plus if ok else minus))
-        targets.append((len(ids) - 1, plus if labels[i] else minus))
-    out = ids[1:] + [IGNORE]  # position i predicts token i + 1 ...
-    if first_bad < len(steps):  # no language modelling on wrong arithmetic: it would teach it
-        last_good_tag = [j for j, t in enumerate(ids) if t == tokenizer.convert_tokens_to_ids(STEP_TAG)][first_bad - 1]
-        out[last_good_tag + 1 :] = [IGNORE] * (len(out) - last_good_tag - 1)
-    for pos, verdict in targets:  # ... except where a verdict is read
-        out[pos] = verdict
-    return ids, out
-
-
-def _result_digits(tokenizer, piece: list[int]) -> list[int]:
-    """Indices in ``piece`` of its last run of digit tokens: a step's result."""
-    digits = _digit_ids(tokenizer)
-    end = max((j for j, t in enumerate(piece) if t in digits), default=None)
-    if end is None:
-        return []
-    begin = end
-    while begin > 0 and piece[begin - 1] in digits:
-        begin -= 1
-    return list(range(begin, end + 1))
-
-
-def _digit_ids(tokenizer) -> frozenset[int]:
-    return frozenset(_encode(tokenizer, str(d))[0] for d in range(10))
+    targets = ids[1:] + [IGNORE]  # position i predicts token i + 1 ...
+    tag_positions = [i for i, t in enumerate(ids) if t == tag]
+    assert len(tag_positions) == len(labels), "one tag per step"
+    for pos, good in zip(tag_positions, labels):
+        targets[pos] = plus if good else minus  # ... except at a tag, whose logits carry the verdict
+    return ids, targets
 
 
 def sample_sequence(tokenizer, kind: str, rng: random.Random) -> tuple[list[int], list[int], bool]:

@@ -41,14 +41,10 @@ SPECS = {
                                      num_key_value_heads=3, intermediate_size=576), 12, 2e-3, 6500),
     "tiny-reasoner-draft": ("draft", dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
                                           num_key_value_heads=3, intermediate_size=288), 8, 3e-3, 2200),
-    # The PRM trades width for depth (same parameter budget as the draft): judging "41 times 6 is
-    # 248." at the tag takes computing the product, comparing it with the digits written, and
-    # carrying the verdict to the tag; a 2-layer PRM plateaued at AUROC 0.76.
-    "tiny-prm": ("prm", dict(hidden_size=64, num_hidden_layers=5, num_attention_heads=4,
-                             num_key_value_heads=4, intermediate_size=192), 8, 3e-3, 6000),
+    "tiny-prm": ("prm", dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
+                             num_key_value_heads=3, intermediate_size=288), 8, 1e-3, 2000),
 }
 WARMUP = 300
-TAG_WEIGHT = 4.0  # PRM: a verdict is one token per step among ~15, so its loss gets its own weight
 REWARM = 100  # steps of warm-up after resuming without the optimizer state
 ROW_LEN = 512  # sequences (all under 500 tokens) are packed into rows this long, each attending only to
 # itself; 512 rather than 1024 makes a step ~20% cheaper for the same tokens (attention is quadratic in it).
@@ -177,7 +173,6 @@ def main(argv: list[str] | None = None) -> None:
         optimizer.load_state_dict(torch.load(optim_file))
     elif state["step"] > 0:
         rewarm_from = state["step"]
-    verdicts = torch.tensor([tokenizer.convert_tokens_to_ids(t) for t in "+-"]) if kind == "prm" else None
     model.train()
     start = last_save = time.time()
     losses = []
@@ -193,9 +188,6 @@ def main(argv: list[str] | None = None) -> None:
         input_ids, mask, positions, targets = make_batch(tokenizer, kind, batch_size, rng)
         logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions).logits
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
-        if verdicts is not None:  # the PRM: its few verdicts weigh as much as TAG_WEIGHT x all its text
-            at_tags = torch.isin(targets, verdicts)
-            loss = loss + TAG_WEIGHT * F.cross_entropy(logits[at_tags], targets[at_tags])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
