@@ -7,6 +7,7 @@ engine event stream, logs it, and yields pane HTML at most ``UPDATES_PER_S`` tim
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -26,11 +27,13 @@ UPDATES_PER_S = 12  # at most; long traces update less often (see _interval)
 METHOD_NAMES = {"Baseline": "baseline", "SSR": "ssr", "RSD": "rsd"}
 MODES = ("Baseline", "SSR", "RSD", "Compare")
 DEFAULT_DRAFT, DEFAULT_PRM = "tiny-reasoner-draft", "tiny-prm"
+COMPARE_SHOWS = "SSR"  # the run whose panes a finished comparison shows first
 
 
 @dataclass
 class Frame:
-    """One UI update: the three panes, the metrics strip and (after Compare) a chart."""
+    """One UI update: the three panes, the metrics strip and (after Compare) a chart plus every
+    compared run's own final frame, so the UI can switch the panes between them."""
 
     reasoning: str
     draft: str
@@ -38,6 +41,7 @@ class Frame:
     metrics: str
     chart: object = None
     view: TraceView | None = None  # the run as folded so far (lets the UI re-render one draft)
+    runs: dict[str, Frame] | None = None  # after Compare: each run's final frame, by mode name
 
     @classmethod
     def of(cls, view: TraceView, metrics: str, chart=None) -> Frame:
@@ -107,14 +111,17 @@ class Studio:
                     rsd = {"draft": self.model(draft_model), "scorer": self.scorer(prm),
                            "draft_name": draft_model, "prm_name": prm}
                     check_pair(lm, rsd["draft"])
-                latencies = {}
+                finals = {}
                 for name in runs:
                     view = TraceView()
                     for frame in self._stream(lm, prompt, name, cfg, view, rsd):
                         yield frame
-                    latencies[name] = view.stats.wall_s if view.stats else None
-                chart = charts.latency_bars(latencies) if method == "Compare" else None
-                yield self._frame(view, runs[-1], lm, prompt, cfg, final=True, chart=chart)
+                    finals[name] = self._frame(view, name, lm, prompt, cfg, final=True)
+                if method != "Compare":
+                    yield finals[method]
+                    return
+                latencies = {name: f.view.stats.wall_s if f.view.stats else None for name, f in finals.items()}
+                yield dataclasses.replace(finals[COMPARE_SHOWS], chart=charts.latency_bars(latencies), runs=finals)
         except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
             yield Frame.of(view, error_html(str(err)))
 

@@ -19,7 +19,7 @@ from engine.synthetic import EVAL_SEED_BASE, make_example
 from ssr_ui import charts
 from engine.acceptance import WEIGHTINGS
 from engine.presets import BUNDLED, PRESETS
-from ssr_ui.handlers import MODES, Studio
+from ssr_ui.handlers import COMPARE_SHOWS, MODES, Studio
 from ssr_ui.render import LEGEND, TraceView, error_html
 
 CSS = (Path(__file__).resolve().parents[1] / "assets" / "studio.css").read_text()
@@ -109,7 +109,11 @@ def build_app(studio: Studio) -> gr.Blocks:
                 with gr.Column():
                     gr.Markdown("**Final answer**")
                     answer_pane = gr.HTML(empty.answer_html())
+            with gr.Row():
+                run_pick = gr.Radio([], label="Show run", visible=False,
+                                    info="a comparison ran all three: switch the panes between them")
             chart = gr.Plot(label="Compare", visible=False)
+            last_runs = gr.State(None)  # the latest comparison's final frames, for the run picker
             last_view = gr.State(None)  # this browser session's latest run, for the draft picker
 
         with gr.Tab("History"):
@@ -150,16 +154,23 @@ def build_app(studio: Studio) -> gr.Blocks:
             settings = {k: _coerce(k, v) for k, v in settings.items() if v is not None}
             for frame in studio.run(prompt, method, model, draft_model, prm, **settings):
                 *panes, fig = frame.as_tuple()
-                drafts = sorted(frame.view.drafts) if frame.view and not frame.view.steps else []
-                picker = gr.update(choices=[(f"draft {d}", d) for d in drafts], value=drafts[-1] if drafts else None,
-                                   visible=len(drafts) > 1)
-                yield (*panes, gr.update(value=fig, visible=fig is not None), frame.view, picker)
+                runs = gr.update(choices=list(frame.runs), value=COMPARE_SHOWS, visible=True) if frame.runs \
+                    else gr.update(visible=False)
+                yield (*panes, gr.update(value=fig, visible=fig is not None), frame.view, _draft_picker(frame),
+                       frame.runs, runs)
 
         run_event = run_btn.click(
             run, [prompt, method, model, draft_start, max_think, max_draft, max_answer, num_drafts, draft_interval,
                   suffix, lookup, temperature, seed, draft_model, prm, threshold, weighting, weight_param, think_spec],
-            [reasoning_pane, draft_pane, answer_pane, metrics, chart, last_view, draft_pick], api_name="run",
-            concurrency_limit=1)
+            [reasoning_pane, draft_pane, answer_pane, metrics, chart, last_view, draft_pick, last_runs, run_pick],
+            api_name="run", concurrency_limit=1)
+
+        def show_run(runs, which):
+            frame = runs[which]
+            return (*frame.as_tuple()[:4], frame.view, _draft_picker(frame))
+
+        run_pick.input(show_run, [last_runs, run_pick],
+                       [reasoning_pane, draft_pane, answer_pane, metrics, last_view, draft_pick])
         draft_pick.input(lambda view, which: view.draft_html(which) if view else "", [last_view, draft_pick],
                          [draft_pane])
         stop_btn.click(None, None, None, cancels=[run_event])
@@ -215,6 +226,13 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         imported.change(do_import, [imported], [h_reasoning, h_draft, h_answer, h_metrics])
     return demo
+
+
+def _draft_picker(frame):
+    """The draft picker for a frame: shown when iterative SSR wrote several drafts."""
+    drafts = sorted(frame.view.drafts) if frame.view and not frame.view.steps else []
+    return gr.update(choices=[(f"draft {d}", d) for d in drafts], value=drafts[-1] if drafts else None,
+                     visible=len(drafts) > 1)
 
 
 def _coerce(name: str, value):

@@ -76,6 +76,12 @@ def test_compare_mode_runs_all_three_and_charts(studio):
     frames = list(studio.run("hello", "Compare", "tiny", "tiny-draft", "tiny-prm", **SMALL))
     assert frames[-1].chart is not None and len(frames[-1].chart.data[0].x) == 3
     assert [r["method"] for r in studio.history()] == ["rsd", "ssr", "baseline"]
+    # the finished comparison shows SSR's panes and keeps every run's own final frame to switch to
+    runs = frames[-1].runs
+    assert list(runs) == ["Baseline", "SSR", "RSD"]
+    assert frames[-1].answer == runs["SSR"].answer and "SSR" in frames[-1].metrics
+    assert runs["RSD"].view.steps and not runs["Baseline"].view.drafts and runs["SSR"].view.drafts
+    assert "vs baseline" in runs["SSR"].metrics and "vs baseline" not in runs["Baseline"].metrics
 
 
 @pytest.mark.parametrize("prompt, method, settings, message", [
