@@ -27,6 +27,7 @@ from engine.methods import METHODS, check_method, decoder
 from engine.prm import make_scorer
 from engine.rsd import RSD_METHODS, check_pair
 from engine.model import ModelLoadError, SSRUnsupportedError, load_model
+from engine.presets import recommended_settings
 from engine.runlog import RunLog, RunMeta
 from engine.synthetic import check
 
@@ -169,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             check_method(m)
         if args.repeat < 1:
             raise ValueError(f"--repeat={args.repeat} must be >= 1")
-        cfg = RunConfig(**{k: getattr(args, k) for k in CONFIG_FLAGS if getattr(args, k) is not None})
+        flags = {k: getattr(args, k) for k in CONFIG_FLAGS if getattr(args, k) is not None}
+        cfg = RunConfig(**{**recommended_settings(args.model), **flags})  # the model's tuned settings under the flags
         prompts = read_prompts(args.prompts)
         log = RunLog(args.db) if args.db else None
         lm = load_model(args.model, device=args.device)

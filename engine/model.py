@@ -15,9 +15,8 @@ from pathlib import Path
 
 import torch
 
-from engine.presets import BUNDLED, PRESETS, Preset
+from engine.presets import BUNDLED, BUNDLED_DIR, PRESETS, Preset
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class ModelLoadError(RuntimeError):
@@ -50,7 +49,7 @@ def resolve_model_path(name: str | None) -> tuple[str, Preset | None]:
     """Map a preset name, a bundled model name, a local path or a Hub id to (path or id, preset)."""
     name = name or "tiny-reasoner"
     if name in BUNDLED:
-        return str(ROOT / "assets" / "models" / name), None
+        return str(BUNDLED_DIR / name), None
     if name in PRESETS:
         return PRESETS[name].hub_id, PRESETS[name]
     by_id = {p.hub_id: p for p in PRESETS.values()}

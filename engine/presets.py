@@ -10,8 +10,10 @@ Gemma 4 thinks in a ``<|channel>thought ... <channel|>`` block when the system t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 BUNDLED = ("tiny-reasoner", "tiny-reasoner-draft", "tiny-prm")
+BUNDLED_DIR = Path(__file__).resolve().parents[1] / "assets" / "models"
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,11 @@ RECOMMENDED: dict[str, dict] = {
 }
 
 
-def recommended_settings(model: str) -> dict:
-    """Settings that override RunConfig's defaults for ``model`` (empty for most models)."""
-    return dict(RECOMMENDED.get(model, {}))
+def recommended_settings(model: str | None) -> dict:
+    """Settings that override RunConfig's defaults for ``model`` (empty for most models); a bundled
+    model may be named or given as its folder (``assets/models/tiny-reasoner``)."""
+    name = model or "tiny-reasoner"
+    folder = Path(name).expanduser()
+    if folder.exists() and folder.resolve().parent == BUNDLED_DIR:
+        name = folder.name
+    return dict(RECOMMENDED.get(name, {}))

@@ -166,3 +166,13 @@ def test_rsd_threshold_sweep(rsd_dirs, tmp_path, capsys):
     assert rows["rsd 0"]["fraction_steps_accepted"] == 1.0      # threshold 0 keeps every step
     assert rows["rsd 1.1"]["fraction_steps_accepted"] == 0.0    # above 1 keeps none
     assert "plotly" in page.read_text()
+
+
+def test_bundled_model_gets_its_tuned_settings_by_name_or_folder():
+    from engine.presets import BUNDLED_DIR, RECOMMENDED, recommended_settings
+
+    tuned = RECOMMENDED["tiny-reasoner"]
+    assert recommended_settings("tiny-reasoner") == tuned
+    assert recommended_settings(str(BUNDLED_DIR / "tiny-reasoner")) == tuned
+    assert recommended_settings(None) == tuned  # the default model
+    assert recommended_settings("Qwen/Qwen3-0.6B") == {}

@@ -28,11 +28,12 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from engine.presets import BUNDLED_DIR
 from engine.training.data import IGNORE, sample_sequence, tokenizer_corpus
 from engine.training.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
-MODELS = ROOT / "assets" / "models"
+MODELS = BUNDLED_DIR
 BUILD = ROOT / "build" / "train"
 
 # name -> (data kind, architecture, rows of ROW_LEN packed tokens per batch, peak lr, total steps)
