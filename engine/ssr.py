@@ -131,23 +131,11 @@ def _reason_and_draft(s: _State, markers, first_input: int) -> Iterator[Event]:
             taken.append((m, a, nxt, logits[r, m - 1 :]))
         batch.keep(s.cache, [m + a for m, a, _, _ in taken])
         # 5. drafts record what they took
-        for d, (_, prop, look), (m, a, nxt, row_logits) in zip(rows, feeds[1:], taken[1:]):
-            if nxt is None:
-                continue
-            for j, t in enumerate([*(prop.tokens[:a] if prop else []), nxt]):
-                if t in lm.eos_ids:
-                    d.finished = True
-                    break
-                d.tokens.append(t)
-                d.probs.append(None if s.drafter.greedy else s.drafter.probs(row_logits[j]))
-                s.index.extend(d.name, [t])
-                yield rec.token("draft", t, draft=d.index)
-                if len(d.tokens) >= cfg.max_draft:
-                    d.finished = True
-                    break
-            d.unfed = [] if d.finished else [nxt]
-            if prop is not None:
-                look.observe(prop, a)
+        for d, (_, prop, look), (_, a, nxt, row_logits) in zip(rows, feeds[1:], taken[1:]):
+            if nxt is not None:
+                yield from _draft_takes(s, d, [*(prop.tokens[:a] if prop else []), nxt], row_logits)
+                if prop is not None:
+                    look.observe(prop, a)
         # 6. the main row: accepted lookup tokens, then its own (budget forcing at max_think)
         _, a, nxt, _ = taken[0]
         prop = feeds[0][1]
@@ -158,15 +146,12 @@ def _reason_and_draft(s: _State, markers, first_input: int) -> Iterator[Event]:
                 s.index.extend("reasoning", [t])
             if prop is not None:
                 main_lookup.observe(prop, a)
-            n += a
+            n += a + 1
             forced = []
-            if n == cfg.max_think:
+            if n == cfg.max_think + 1:
                 nxt, forced = markers.close_id, list(markers.close_ids[1:])
-            n += 1
-            if nxt in lm.eos_ids:  # the model ended without closing its thoughts: no answer
-                s.ended = True
-                done = True
-            else:
+            s.ended = done = nxt in lm.eos_ids  # the model ended without closing its thoughts: no answer
+            if not s.ended:
                 yield rec.token("reasoning", nxt)
                 s.index.extend("reasoning", [nxt])
                 unfed = [nxt, *forced]
@@ -195,6 +180,23 @@ def _reason_and_draft(s: _State, markers, first_input: int) -> Iterator[Event]:
     yield rec.phase("answer")
     for t in forced:
         yield rec.token("answer", t)
+
+
+def _draft_takes(s: _State, d: Draft, tokens: list[int], row_logits: torch.Tensor) -> Iterator[Event]:
+    """Draft ``d`` takes ``tokens`` (verified lookup tokens, then its own); ``row_logits[j]`` is
+    the distribution token ``j`` was drawn from. It finishes at end of sequence or ``max_draft``."""
+    for j, t in enumerate(tokens):
+        if t in s.lm.eos_ids:
+            d.finished = True
+            break
+        d.tokens.append(t)
+        d.probs.append(None if s.drafter.greedy else s.drafter.probs(row_logits[j]))
+        s.index.extend(d.name, [t])
+        yield s.rec.token("draft", t, draft=d.index)
+        if len(d.tokens) >= s.cfg.max_draft:
+            d.finished = True
+            break
+    d.unfed = [] if d.finished else tokens[-1:]
 
 
 def _fork_at(cfg: RunConfig, drafts_so_far: int) -> int:
