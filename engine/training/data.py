@@ -110,14 +110,16 @@ def prm_sequence(tokenizer, seed: int, rng: random.Random) -> tuple[list[int], l
     return ids, targets
 
 
-def sample_sequence(tokenizer, kind: str, rng: random.Random) -> tuple[list[int], list[int], bool]:
+def sample_sequence(tokenizer, kind: str, rng: random.Random, arithmetic_share: float = 0.35
+                    ) -> tuple[list[int], list[int], bool]:
     """One training sequence for model ``kind``; the flag says whether targets are already aligned
-    to positions (PRM) rather than to next tokens (language modelling)."""
+    to positions (PRM) rather than to next tokens (language modelling). The target draws an
+    ``arithmetic`` example with probability ``arithmetic_share``, else a ``classes`` one."""
     seed = rng.randrange(EVAL_SEED_BASE)
     if kind == "prm":
         ids, targets = prm_sequence(tokenizer, seed, rng)
         return ids, targets, True
-    if kind == "draft" or rng.random() < 0.35:
+    if kind == "draft" or rng.random() < arithmetic_share:
         return (*chat_sequence(tokenizer, make_arithmetic_example(seed)), False)
     if rng.random() < 0.2:
         return (*chat_sequence(tokenizer, truncated_class_example(seed, rng), truncated=True), False)

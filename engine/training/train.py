@@ -78,7 +78,13 @@ def lr_at(step: int, peak: float, total: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def make_batch(tokenizer, kind: str, rows: int, rng: random.Random):
+def arithmetic_share(step: int) -> float:
+    """The target's curriculum: until ``classes`` is learned (held-out 100% at step 4000) a third of
+    its sequences are arithmetic; then arithmetic, the slower of the two, gets most of them."""
+    return 0.35 if step < 4103 else 0.6
+
+
+def make_batch(tokenizer, kind: str, rows: int, rng: random.Random, share: float = 0.35):
     """Pack whole sequences into ``rows`` rows of ROW_LEN tokens. A block-diagonal causal mask and
     per-sequence position ids keep every sequence blind to its neighbours (no cross-example copying)."""
     input_ids = torch.full((rows, ROW_LEN), tokenizer.pad_token_id)
@@ -88,7 +94,7 @@ def make_batch(tokenizer, kind: str, rows: int, rng: random.Random):
     for r in range(rows):
         used, d = 0, 0
         while True:
-            ids, labels, aligned = sample_sequence(tokenizer, kind, rng)
+            ids, labels, aligned = sample_sequence(tokenizer, kind, rng, share)
             n = len(ids)
             if used + n > ROW_LEN:
                 break
@@ -186,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
         for group in optimizer.param_groups:
             rewarm = 1.0 if rewarm_from is None else min(1.0, (state["step"] - rewarm_from + 1) / REWARM)
             group["lr"] = lr_at(state["step"], peak_lr, total) * rewarm
-        input_ids, mask, positions, targets = make_batch(tokenizer, kind, batch_size, rng)
+        input_ids, mask, positions, targets = make_batch(tokenizer, kind, batch_size, rng, arithmetic_share(state["step"]))
         logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions).logits
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
         optimizer.zero_grad(set_to_none=True)
