@@ -40,7 +40,7 @@ PRESETS: dict[str, Preset] = {
 # SSR settings tuned per model, under RunConfig's paper defaults (which suit real models: their
 # chains of thought run to thousands of tokens, ours to a few hundred).
 RECOMMENDED: dict[str, dict] = {
-    "tiny-reasoner": dict(draft_start=60, max_think=600, max_draft=400, max_answer=400),
+    "tiny-reasoner": dict(draft_start=20, max_think=600, max_draft=400, max_answer=400),
 }
 
 
