@@ -53,7 +53,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                 with gr.Column(scale=3):
                     prompt = gr.Textbox(label="Prompt", lines=4, placeholder="Ask the reasoning model something")
                 with gr.Column(scale=2):
-                    method = gr.Radio(list(MODES), value="SSR", label="Method")
+                    method = gr.Radio(list(MODES), value="SSR", label="Method", elem_id="method")
                     model = gr.Dropdown([studio.default_model, *[m for m in (*BUNDLED[:1], *PRESETS)
                                                                   if m != studio.default_model]],
                                         value=studio.default_model, label="Model", allow_custom_value=True,
@@ -82,7 +82,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                     suffix = gr.Checkbox(value=cfg.suffix_recovery, label="Suffix recovery")
                     lookup = gr.Checkbox(value=cfg.context_lookup, label="Context lookup")
                     think_spec = gr.Number(value=cfg.think_spec, precision=0, label="Reasoning lookup",
-                                           info="tokens each row may verify per reasoning step (0: one, as in the paper)")
+                                           info="lookup tokens each row may verify per reasoning step (0: one token per step, as in the paper)")
                 with gr.Row():
                     temperature = gr.Slider(0, 2, value=cfg.temperature, step=0.05, label="Temperature (0 = greedy)")
                     seed = gr.Number(value=cfg.seed, precision=0, label="Seed")
@@ -110,7 +110,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                     gr.Markdown("**Final answer**")
                     answer_pane = gr.HTML(empty.answer_html())
             with gr.Row():
-                run_pick = gr.Radio([], label="Show run", visible=False,
+                run_pick = gr.Radio([], label="Show run", visible=False, elem_classes="run-pick",
                                     info="a comparison ran all three: switch the panes between them")
             chart = gr.Plot(label="Compare", visible=False)
             last_runs = gr.State(None)  # the latest comparison's final frames, for the run picker

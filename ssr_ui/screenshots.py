@@ -74,7 +74,10 @@ def main(argv: list[str] | None = None) -> None:
             page.wait_for_selector(".js-plotly-plot", timeout=300_000)
             _wait_done(page)
             page.screenshot(path=str(out / "compare.png"), full_page=True)
-            page.get_by_label("RSD", exact=True).check()
+            page.locator(".run-pick").get_by_label("RSD", exact=True).check()  # the comparison's RSD panes
+            time.sleep(1)
+            page.screenshot(path=str(out / "compare-rsd-panes.png"), full_page=True)
+            page.locator("#method").get_by_label("RSD", exact=True).check()
             page.get_by_label("Prompt").fill(make_example("arithmetic", EVAL_SEED_BASE + 2).prompt)
             page.get_by_role("button", name="Run", exact=True).click()
             page.wait_for_selector(".pane .step", state="attached", timeout=120_000)
