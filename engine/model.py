@@ -18,7 +18,6 @@ import torch
 from engine.presets import BUNDLED, BUNDLED_DIR, PRESETS, Preset
 
 
-
 class ModelLoadError(RuntimeError):
     """A model could not be loaded; the message names the id and says why, without a traceback."""
 

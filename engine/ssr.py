@@ -88,6 +88,8 @@ def _reason_and_draft(s: _State, markers, first_input: int) -> Iterator[Event]:
     batch = _Batch(s.length, lm.device)
     think_stop = lm.eos_ids | {markers.close_id}
     main_lookup = SuffixProposer(s.index, ["prompt", "reasoning"], think_stop, cfg.spec_factor)
+    draft_lookups: dict[int, SuffixProposer] = {}  # by draft index: itself, then the reasoning and the prompt
+    can_hold_holes = holes_supported(s.cache)
     step_times: dict[bool, list[float]] = {False: [], True: []}  # one-token steps, without / with drafts
     while True:
         t_step = time.perf_counter()
@@ -98,6 +100,8 @@ def _reason_and_draft(s: _State, markers, first_input: int) -> Iterator[Event]:
             d = Draft(len(s.drafts), n, [*unfed, *markers.close_ids], tokens=tail, probs=[None] * len(tail))
             s.drafts.append(d)
             rows.append(d)
+            draft_lookups[d.index] = SuffixProposer(s.index, [d.name, "reasoning", "prompt"], lm.eos_ids,
+                                                    cfg.spec_factor)
             rec.stats.drafts += 1
             batch.fork(s.cache, len(rows))
             yield rec.phase("drafting", draft=d.index, at_token=n)
@@ -106,14 +110,14 @@ def _reason_and_draft(s: _State, markers, first_input: int) -> Iterator[Event]:
                 yield rec.token("draft", t, draft=d.index)
         # 2. what each row feeds: its unfed tokens, then a lookup proposal (when its row may hold
         #    holes; a cache that cannot feeds one token per row per step, as the paper does)
-        spec = cfg.think_spec if (not rows or holes_supported(s.cache)) else 0
+        spec = cfg.think_spec if (not rows or can_hold_holes) else 0
         room = min(spec, cfg.max_think - n)
         if len(s.drafts) < cfg.num_drafts:  # land exactly on the next fork
             room = min(room, _fork_at(cfg, len(s.drafts)) - n - 1)
         feeds = [_feed(unfed, main_lookup, s.index.sources.get("reasoning", []), room, spec)]
         for d in rows:
-            look = SuffixProposer(s.index, [d.name, "reasoning", "prompt"], lm.eos_ids, cfg.spec_factor)
-            feeds.append(_feed(d.unfed, look, d.tokens, min(spec, cfg.max_draft - len(d.tokens) - 1), spec))
+            feeds.append(_feed(d.unfed, draft_lookups[d.index], d.tokens, min(spec, cfg.max_draft - len(d.tokens) - 1),
+                               spec))
         # 3. one forward over every row
         logits = batch.forward(lm, s.cache, [f for f, _, _ in feeds])  # [rows, K, V]
         rec.forward()

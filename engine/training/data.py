@@ -110,7 +110,7 @@ def prm_sequence(tokenizer, seed: int, rng: random.Random) -> tuple[list[int], l
     return ids, targets
 
 
-def sample_sequence(tokenizer, kind: str, rng: random.Random, arithmetic_share: float = 0.35
+def sample_sequence(tokenizer, kind: str, rng: random.Random, arithmetic_share: float
                     ) -> tuple[list[int], list[int], bool]:
     """One training sequence for model ``kind``; the flag says whether targets are already aligned
     to positions (PRM) rather than to next tokens (language modelling). The target draws an

@@ -84,7 +84,7 @@ def arithmetic_share(step: int) -> float:
     return 0.35 if step < 4103 else 0.6
 
 
-def make_batch(tokenizer, kind: str, rows: int, rng: random.Random, share: float = 0.35):
+def make_batch(tokenizer, kind: str, rows: int, rng: random.Random, share: float):
     """Pack whole sequences into ``rows`` rows of ROW_LEN tokens. A block-diagonal causal mask and
     per-sequence position ids keep every sequence blind to its neighbours (no cross-example copying)."""
     input_ids = torch.full((rows, ROW_LEN), tokenizer.pad_token_id)
