@@ -90,23 +90,33 @@ def corrupted_steps(ex: Example, rng: random.Random) -> tuple[list[str], list[bo
 
 
 def prm_sequence(tokenizer, seed: int, rng: random.Random) -> tuple[list[int], list[int]]:
-    """A PRM training sequence with targets aligned to positions: at each step tag the label
-    (``+`` or ``-``, read from the logits at the tag, as math-shepherd does), elsewhere the next
-    token (language modelling keeps the arithmetic the verdicts depend on)."""
+    """A PRM training sequence with targets aligned to positions, encoded step by step as the
+    scorer encodes it. Verdicts (``+`` / ``-``) sit at each step tag, where math-shepherd reads
+    them, and at the step's last number, so the check is learned where the written result is read.
+    Elsewhere in a step the target is the next token (language modelling keeps the arithmetic
+    the verdicts depend on), but only while the steps are right: a slipped step is never a model
+    of what comes next."""
     ex = make_arithmetic_example(seed)
     if rng.random() < 0.5:
-        steps, labels = list(ex.reasoning_steps) + [ex.answer], None
+        steps = list(ex.reasoning_steps) + [ex.answer]
         labels = [True] * len(steps)
     else:
         steps, labels = corrupted_steps(ex, rng)
-    ids = _encode(tokenizer, prm_text(ex.prompt, steps))
-    tag = tokenizer.convert_tokens_to_ids(STEP_TAG)
-    plus, minus = _encode(tokenizer, "+")[0], _encode(tokenizer, "-")[0]
-    targets = ids[1:] + [IGNORE]  # position i predicts token i + 1 ...
-    tag_positions = [i for i, t in enumerate(ids) if t == tag]
-    assert len(tag_positions) == len(labels), "one tag per step"
-    for pos, good in zip(tag_positions, labels):
-        targets[pos] = plus if good else minus  # ... except at a tag, whose logits carry the verdict
+    plus, minus = tokenizer.convert_tokens_to_ids("+"), tokenizer.convert_tokens_to_ids("-")
+    ids = _encode(tokenizer, ex.prompt)
+    targets = [IGNORE] * len(ids)
+    for k, (step, good) in enumerate(zip(steps, labels)):
+        piece = _encode(tokenizer, (" " if k == 0 else "\n") + f"{step} {STEP_TAG}")
+        if k == 0:
+            targets[-1] = piece[0]  # the question's last token predicts the first step
+        step_targets = piece[1:] + [IGNORE] if good else [IGNORE] * len(piece)
+        verdict = plus if good else minus
+        numbers = [i for i, t in enumerate(tokenizer.convert_ids_to_tokens(piece)) if t.isdigit()]
+        if numbers:
+            step_targets[numbers[-1]] = verdict
+        step_targets[-1] = verdict  # the tag
+        ids += piece
+        targets += step_targets
     return ids, targets
 
 
@@ -124,6 +134,17 @@ def sample_sequence(tokenizer, kind: str, rng: random.Random, arithmetic_share: 
     if rng.random() < 0.2:
         return (*chat_sequence(tokenizer, truncated_class_example(seed, rng), truncated=True), False)
     return (*chat_sequence(tokenizer, make_class_example(seed)), False)
+
+
+def prm_tokenizer_corpus(n: int = 20000) -> list[str]:
+    """Text the PRM's tokenizer takes its words from: right and corrupted PRM inputs."""
+    rng = random.Random(0)
+    texts = []
+    for seed in range(n):
+        ex = make_arithmetic_example(seed)
+        texts.append(prm_text(ex.prompt, list(ex.reasoning_steps) + [ex.answer]))
+        texts.append(prm_text(ex.prompt, corrupted_steps(ex, rng)[0]))
+    return texts
 
 
 def tokenizer_corpus(n: int = 3000) -> list[str]:
