@@ -73,14 +73,3 @@ def test_weighted_loss_counts_verdicts_more():
     w = valid.float() + 2.0 * torch.isin(targets.flatten(), torch.tensor([5, 6])).float()
     assert weighted_loss(logits, targets, [5, 6], 3.0) == pytest.approx(float((per * w).sum() / w.sum()))
 
-
-def test_place_value_init_makes_numbers_share_digit_features(tok):
-    from engine.training.train import PLACES, SPECS, new_model, place_value_init
-
-    model = new_model(SPECS["tiny-prm"].arch, tok)
-    place_value_init(model, tok)
-    emb = model.get_input_embeddings().weight.detach()[:, : 10 * PLACES]
-    row = lambda w: emb[tok.convert_tokens_to_ids(w)]  # noqa: E731
-    assert torch.equal(row("38").nonzero().flatten(), torch.tensor([8, 13, 20, 30]))  # 8 units, 3 tens, 0, 0
-    assert float(row("38") @ row("28")) == 3.0  # same units, hundreds and thousands digits
-    assert float(row("plus").abs().max()) < 0.2  # words keep their random start

@@ -6,8 +6,9 @@
 * :func:`build_prm_tokenizer`: the PRM's own word-level tokenizer, in which every number is one
   token. A PRM reads text, not the reasoner's ids (math-shepherd's PRM has a Mistral tokenizer), so
   it may tokenize as suits its job. Checking ``38 plus 42 is 80`` then compares three tokens at
-  fixed distances; with one token per digit the same 0.35M-parameter model had to line digits
-  up across carries and only learned a prior (AUROC 0.76 against 0.84 after the same 12 minutes).
+  fixed distances. With one token per digit, PRMs of the same size had to line digits up across
+  carries and plateaued at AUROC 0.74-0.76 over thousands of steps; with one token per number a
+  pilot passed 0.8 in under 2,000 steps (docs/BENCHMARKS.md).
 
 ``ки`` is the math-shepherd step tag in both.
 """

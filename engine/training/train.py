@@ -45,7 +45,6 @@ class Spec(NamedTuple):
     total: int  # steps planned (the schedule's length)
     warmup: int = 300
     verdict_weight: float = 1.0  # loss weight of the PRM's + / - targets against its LM targets
-    digit_init: bool = False  # number tokens start as one-hot digits (see place_value_init)
 
 
 SPECS = {
@@ -56,7 +55,7 @@ SPECS = {
     # deeper and narrower than the draft (its word-level vocabulary is small), same size budget
     "tiny-prm": Spec("prm", dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
                                  num_key_value_heads=4, intermediate_size=192), 8, 2e-3, 14000,
-                     warmup=200, verdict_weight=3.0, digit_init=True),
+                     warmup=200, verdict_weight=3.0),
 }
 REWARM = 100  # steps of warm-up after resuming without the optimizer state
 ROW_LEN = 512  # sequences (all under 500 tokens) are packed into rows this long, each attending only to
@@ -82,24 +81,6 @@ def new_model(arch: dict, tokenizer) -> LlamaForCausalLM:
         rope_theta=10000.0, **arch,
     )
     return LlamaForCausalLM(config)
-
-
-PLACES = 4  # units, tens, hundreds, thousands
-
-
-@torch.no_grad()
-def place_value_init(model, tokenizer) -> None:
-    """Start every number token's embedding (tied to its output row) as one-hot digits, one
-    block of 10 dimensions per place, so ``38`` and ``80`` share their units and tens features
-    from step 0. A word-level PRM sees each number as one token; without this each of a thousand
-    embeddings has to discover place value on its own (AUROC 0.82 after 3,400 steps instead of
-    0.875 at the same step)."""
-    emb = model.get_input_embeddings().weight
-    for word, i in tokenizer.get_vocab().items():
-        if word.isdigit():
-            emb[i, : 10 * PLACES] = 0.0
-            for place in range(PLACES):
-                emb[i, 10 * place + int(word) // 10**place % 10] = 1.0
 
 
 def lr_at(step: int, peak: float, total: int, warmup: int) -> float:
@@ -206,8 +187,6 @@ def main(argv: list[str] | None = None) -> None:
     else:
         torch.manual_seed(1234)
         model = new_model(spec.arch, tokenizer)
-        if spec.digit_init:
-            place_value_init(model, tokenizer)
         state = {"step": 0, "tokens": 0, "seconds": 0.0, "rng": None, "evals": []}
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{args.model}: {n_params / 1e6:.2f}M parameters, batch {spec.rows}, {total} steps planned")
