@@ -54,7 +54,7 @@ SPECS = {
                                               num_key_value_heads=3, intermediate_size=288), 8, 3e-3, 2200),
     # deeper and narrower than the draft (its word-level vocabulary is small), same size budget
     "tiny-prm": Spec("prm", dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
-                                 num_key_value_heads=4, intermediate_size=192), 8, 2e-3, 14000,
+                                 num_key_value_heads=4, intermediate_size=192), 8, 2e-3, 21000,
                      warmup=200, verdict_weight=3.0),
 }
 REWARM = 100  # steps of warm-up after resuming without the optimizer state
@@ -148,7 +148,9 @@ def export(name: str) -> None:
     src, dst = BUILD / name, MODELS / name
     if not (src / "training_state.json").exists():
         raise SystemExit(f"no checkpoint of {name} under {src}")
-    dst.mkdir(parents=True, exist_ok=True)
+    if dst.exists():
+        shutil.rmtree(dst)  # no stale file of an earlier export (e.g. another tokenizer's template)
+    dst.mkdir(parents=True)
     for f in src.iterdir():
         shutil.copy2(f, dst / f.name)
     print(f"exported {name} at step {json.loads((src / 'training_state.json').read_text())['step']} to {dst}")
