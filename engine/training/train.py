@@ -54,7 +54,7 @@ SPECS = {
                                               num_key_value_heads=3, intermediate_size=288), 8, 3e-3, 2200),
     # deeper and narrower than the draft (its word-level vocabulary is small), same size budget
     "tiny-prm": Spec("prm", dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
-                                 num_key_value_heads=4, intermediate_size=192), 8, 2e-3, 21000,
+                                 num_key_value_heads=4, intermediate_size=192), 8, 2e-3, 27000,
                      warmup=200, verdict_weight=3.0),
 }
 REWARM = 100  # steps of warm-up after resuming without the optimizer state
