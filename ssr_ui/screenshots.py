@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
             time.sleep(1)
             page.screenshot(path=str(out / "compare-rsd-panes.png"), full_page=True)
             page.locator("#method").get_by_label("RSD", exact=True).check()
-            page.get_by_label("Prompt").fill(make_example("arithmetic", EVAL_SEED_BASE + 2).prompt)
+            # a held-out prompt on which the draft slips once and the PRM catches it
+            page.get_by_label("Prompt").fill(make_example("arithmetic", EVAL_SEED_BASE + 24).prompt)
             page.get_by_role("button", name="Run", exact=True).click()
             page.wait_for_selector(".pane .step", state="attached", timeout=120_000)
             _wait_done(page)
