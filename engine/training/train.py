@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MODELS = BUNDLED_DIR
 BUILD = ROOT / "build" / "train"
 
+
 class Spec(NamedTuple):
     kind: str  # the data it trains on: "target", "draft" or "prm"
     arch: dict
@@ -60,7 +61,7 @@ SPECS = {
 REWARM = 100  # steps of warm-up after resuming without the optimizer state
 ROW_LEN = 512  # sequences (all under 500 tokens) are packed into rows this long, each attending only to
 # itself; 512 rather than 1024 makes a step ~20% cheaper for the same tokens (attention is quadratic in it).
-# The target trained its first 1,300 steps with 6 rows of 1024, the draft and the PRM 4 rows of 1024.
+# The target trained its first 1,300 steps with 6 rows of 1024, the draft 4 rows of 1024.
 
 
 def load_or_build_tokenizer(kind: str):
