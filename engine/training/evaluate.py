@@ -1,4 +1,5 @@
-"""Held-out evaluation of the bundled models: exact accuracy per suite, PRM AUROC.
+"""Held-out evaluation of the bundled models: exact accuracy per suite, PRM AUROC (on corrupted
+steps and on the bundled draft's own steps).
 
     python -m engine.training.evaluate --n 100
 
@@ -25,13 +26,19 @@ def suite_accuracy(model, tokenizer, suite: str, n: int, max_new_tokens: int = 7
     correct = 0
     for i in range(n):
         ex = make_example(suite, EVAL_SEED_BASE + i)
-        ids = tokenizer(prompt_text(tokenizer, ex.prompt), return_tensors="pt", add_special_tokens=False).input_ids
-        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-        text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=False)
-        answer = text.split("</think>", 1)[-1].replace(tokenizer.eos_token, "")
+        _, answer = greedy(model, tokenizer, ex.prompt, max_new_tokens)
         correct += bool(check(suite, answer, ex.reference))
     return correct / n
+
+
+def greedy(model, tokenizer, prompt: str, max_new_tokens: int = 700) -> tuple[str, str]:
+    """The model's greedy (reasoning, answer) for ``prompt``."""
+    ids = tokenizer(prompt_text(tokenizer, prompt), return_tensors="pt", add_special_tokens=False).input_ids
+    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=False).replace(tokenizer.eos_token, "")
+    reasoning, closed, answer = text.partition("</think>")
+    return (reasoning, answer) if closed else ("", reasoning)  # never closed: all of it is the answer
 
 
 def _scorer(model, tokenizer) -> MathShepherdScorer:
@@ -57,6 +64,28 @@ def prm_auroc(model, tokenizer, n: int) -> float:
         clean = list(ex.reasoning_steps) + [ex.answer]
         good += scorer.score_all(ex.prompt, clean)
     return auroc(good, bad)
+
+
+def draft_steps_auroc(prm, prm_tokenizer, draft, draft_tokenizer, n: int) -> dict:
+    """The PRM on the draft's own greedy chains for n held-out prompts: each step labelled by
+    whether the chain is still right (math-shepherd's labels). ``all``: AUROC over every step;
+    ``first_error``: each wrong chain's first wrong step against all right steps (what RSD must
+    catch)."""
+    scorer = _scorer(prm, prm_tokenizer)
+    good, bad, first = [], [], []
+    for i in range(n):
+        ex = make_arithmetic_example(EVAL_SEED_BASE + i)
+        reasoning, answer = greedy(draft, draft_tokenizer, ex.prompt, 300)
+        steps = [s.strip() for s in reasoning.split("\n\n") if s.strip()] + [answer.strip()]
+        reference = list(ex.reasoning_steps) + [ex.answer]
+        right = True
+        for k, (step, score) in enumerate(zip(steps, scorer.score_all(ex.prompt, steps))):
+            was_right, right = right, right and k < len(reference) and step == reference[k]
+            (good if right else bad).append(score)
+            if was_right and not right:
+                first.append(score)
+    return {"all": round(auroc(good, bad), 4), "first_error": round(auroc(good, first), 4),
+            "right_steps": len(good), "wrong_steps": len(bad)}
 
 
 def accuracy(model, tokenizer, kind: str, n: int = 24) -> dict:
@@ -116,7 +145,12 @@ def main(argv: list[str] | None = None) -> None:
         path = MODELS / name
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
-        results[name] = accuracy(model, tokenizer, SPECS[name][0], n=args.n)
+        results[name] = accuracy(model, tokenizer, SPECS[name].kind, n=args.n)
+        if SPECS[name].kind == "prm":
+            draft = MODELS / "tiny-reasoner-draft"
+            results[name]["draft_steps_auroc"] = draft_steps_auroc(
+                model, tokenizer, AutoModelForCausalLM.from_pretrained(draft, dtype=torch.float32).eval(),
+                AutoTokenizer.from_pretrained(draft), args.n)
         print(name, results[name], flush=True)
     print(json.dumps(results, indent=1))
 
