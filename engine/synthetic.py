@@ -61,6 +61,11 @@ class Example:
     def reasoning(self) -> str:
         return "\n\n".join(self.reasoning_steps)
 
+    @property
+    def steps(self) -> list[str]:
+        """The steps a PRM judges: each reasoning paragraph, then the answer."""
+        return [*self.reasoning_steps, self.answer]
+
 
 # ----------------------------------------------------------------------------- classes
 

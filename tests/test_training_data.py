@@ -31,7 +31,7 @@ def test_numbers_are_single_tokens_and_unknown_words_unk(tok):
 def test_step_by_step_encoding_equals_whole_encoding(tok):
     # the incremental scorer encodes the question, then each "\nstep ки" piece on its own
     ex = make_arithmetic_example(11)
-    steps = list(ex.reasoning_steps) + [ex.answer]
+    steps = ex.steps
     pieces = tok.encode(ex.prompt, add_special_tokens=False)
     for k, s in enumerate(steps):
         pieces += tok.encode(("\n" if k else " ") + f"{s} {STEP_TAG}", add_special_tokens=False)

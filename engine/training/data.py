@@ -80,7 +80,7 @@ def corrupted_steps(ex: Example, rng: random.Random) -> tuple[list[str], list[bo
     random step (see SLIPS); later steps carry the wrong value on, as a model that slipped would. Labels:
     True up to the error, False from it on (math-shepherd labels a step by whether the answer can
     still be reached)."""
-    steps = list(ex.reasoning_steps) + [ex.answer]
+    steps = ex.steps
     bad = rng.randint(1, len(steps) - 1)
     out, labels = list(steps[:bad]), [True] * bad
     value = None
@@ -110,7 +110,7 @@ def prm_sequence(tokenizer, seed: int, rng: random.Random) -> tuple[list[int], l
     of what comes next."""
     ex = make_arithmetic_example(seed)
     if rng.random() < 0.5:
-        steps = list(ex.reasoning_steps) + [ex.answer]
+        steps = ex.steps
         labels = [True] * len(steps)
     else:
         steps, labels = corrupted_steps(ex, rng)
@@ -155,7 +155,7 @@ def prm_tokenizer_corpus(n: int = 20000) -> list[str]:
     texts = []
     for seed in range(n):
         ex = make_arithmetic_example(seed)
-        texts.append(prm_text(ex.prompt, list(ex.reasoning_steps) + [ex.answer]))
+        texts.append(prm_text(ex.prompt, ex.steps))
         texts.append(prm_text(ex.prompt, corrupted_steps(ex, rng)[0]))
     return texts
 

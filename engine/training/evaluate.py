@@ -61,7 +61,7 @@ def prm_auroc(model, tokenizer, n: int) -> float:
         steps, labels = corrupted_steps(ex, rng)
         for score, ok in zip(scorer.score_all(ex.prompt, steps), labels):
             (good if ok else bad).append(score)
-        clean = list(ex.reasoning_steps) + [ex.answer]
+        clean = ex.steps
         good += scorer.score_all(ex.prompt, clean)
     return auroc(good, bad)
 
@@ -77,7 +77,7 @@ def draft_steps_auroc(prm, prm_tokenizer, draft, draft_tokenizer, n: int) -> dic
         ex = make_arithmetic_example(EVAL_SEED_BASE + i)
         reasoning, answer = greedy(draft, draft_tokenizer, ex.prompt, 300)
         steps = [s.strip() for s in reasoning.split("\n\n") if s.strip()] + [answer.strip()]
-        reference = list(ex.reasoning_steps) + [ex.answer]
+        reference = ex.steps
         right = True
         for k, (step, score) in enumerate(zip(steps, scorer.score_all(ex.prompt, steps))):
             was_right, right = right, right and k < len(reference) and step == reference[k]
@@ -118,7 +118,7 @@ def known_outputs(models_dir) -> dict:
     if (models_dir / "tiny-prm" / "config.json").exists():
         scorer = MathShepherdScorer(load_model(str(models_dir / "tiny-prm")))
         ex = make_arithmetic_example(KNOWN["arithmetic"])
-        good = list(ex.reasoning_steps) + [ex.answer]
+        good = ex.steps
         bad, _ = corrupted_steps(ex, random.Random(0))
         out["tiny-prm"] = {"question": ex.prompt, "good_steps": good, "bad_steps": bad,
                            "good_scores": scorer.score_all(ex.prompt, good),
