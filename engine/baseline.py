@@ -2,13 +2,15 @@
 
 Two phases on one KV cache: reasoning up to ``max_think`` tokens (on reaching the budget the
 end-of-thinking marker and the template's tail are appended: budget forcing), then the answer up
-to ``max_answer`` tokens or an end-of-sequence token. One forward per token, nothing clever.
+to ``max_answer`` tokens or an end-of-sequence token. One forward per token, nothing clever; the
+cache is a :class:`CachedModel`, which re-encodes a longrope model where ``generate()`` does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+from engine.cached import CachedModel
 from engine.config import RunConfig
 from engine.events import Event
 from engine.model import LoadedModel
@@ -22,13 +24,13 @@ def decode_baseline(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Ev
     rec = Recorder(lm.tokenizer, "baseline", len(prompt_ids), lm.device)
     chooser = Chooser(cfg.temperature, cfg.top_p, cfg.seed)
     markers = lm.markers
-    cache = lm.new_cache()
+    lm.begin_run()
+    seq = CachedModel(lm)
 
     # 1. prefill
     yield rec.phase("prefill")
-    logits = lm.step_logits(prompt_ids, cache, 0)[-1]  # [V]
+    logits = seq.feed(prompt_ids)  # [V]
     rec.forward()
-    length = len(prompt_ids)
 
     # 2. reasoning (skipped for models without think markers: everything is the answer)
     answer_forced: list[int] = []
@@ -46,10 +48,8 @@ def decode_baseline(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Ev
                 ended = True
                 break
             yield rec.token("reasoning", tok)
-            feed = [tok, *answer_forced]
-            logits = lm.step_logits(feed, cache, length)[-1]
+            logits = seq.feed([tok, *answer_forced])
             rec.forward()
-            length += len(feed)
             if tok == markers.close_id:
                 break
 
@@ -66,8 +66,7 @@ def decode_baseline(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Ev
         answered += 1
         if answered == cfg.max_answer:
             break
-        logits = lm.step_logits([tok], cache, length)[-1]
+        logits = seq.feed([tok])
         rec.forward()
-        length += 1
     yield rec.phase("done")
     yield rec.done()

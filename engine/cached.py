@@ -1,10 +1,15 @@
 """A model with its own KV cache over a growing token sequence, and its compute accounting.
 
-RSD runs three models over one shared text; each keeps its own cache and catches up on the
+Plain decoding runs one of these; RSD runs three over one shared text, each catching up on the
 tokens it has not seen in one parallel forward, so nothing re-encodes the whole prefix per step.
+It keeps the token ids it holds, which is what makes every rollback possible: attention layers
+crop, recurrent states (hybrid models) restore the checkpoint taken at the last :meth:`sync` and
+re-read the kept tokens, and a longrope model re-encodes the whole sequence where ``generate()``
+does (see ``engine.runtime.rope``).
+
 Every forward is counted: tokens processed (prefill vs decode) and wall time, so FLOPs are
 ``2 x parameters x tokens processed`` per model (the standard forward-pass estimate, attention's
-context-length term ignored; stated once here and in docs/RSD.md).
+context-length term ignored; stated once here and in docs/RSD.md). Re-read tokens count too.
 """
 
 from __future__ import annotations
@@ -13,19 +18,28 @@ import time
 
 import torch
 
-from engine.model import LoadedModel, crop
+from engine.model import LoadedModel
+from engine.runtime.cache import checkpoint, crop
 
 
 class CachedModel:
     def __init__(self, lm: LoadedModel) -> None:
         self.lm = lm
-        self.cache = lm.new_cache()
-        self.length = 0  # tokens in the cache
+        self._empty()
         self._last_logits: torch.Tensor | None = None  # logits after the cache's last token
         self.prefill_tokens = 0
         self.decode_tokens = 0
         self.seconds = 0.0
         self.calls = 0
+
+    def _empty(self) -> None:
+        self.cache = self.lm.new_cache()
+        self.ids: list[int] = []  # the tokens the cache holds
+        self._mark = checkpoint(self.cache, 0)  # where a recurrent rollback restarts from
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
 
     @property
     def flops(self) -> float:
@@ -36,29 +50,45 @@ class CachedModel:
         ``all_logits``)."""
         assert tokens, "feed needs at least one token"
         start = time.perf_counter()
-        logits = self.lm.step_logits(tokens, self.cache, self.length)  # [T, V]
+        ids, fed, at = self.ids + tokens, tokens, self.length
+        if self.lm.rope.crosses(self.length, len(ids)):  # re-encode all, as generate() does
+            fed, at = ids, 0
+            self._empty()
+        logits = self.lm.step_logits(fed, self.cache, at)[len(fed) - len(tokens):]  # [T, V]
         self.seconds += time.perf_counter() - start
         self.calls += 1
-        if self.length == 0 or len(tokens) > 1:
-            self.prefill_tokens += len(tokens)
+        if at == 0 or len(fed) > 1:
+            self.prefill_tokens += len(fed)
         else:
             self.decode_tokens += 1
-        self.length += len(tokens)
+        self.ids = ids
         self._last_logits = logits[-1]
         return logits if all_logits else logits[-1]
 
     def sync(self, seq: list[int]) -> torch.Tensor:
         """Catch up on ``seq`` (which extends what the cache holds) and return the logits after
-        its last token."""
-        if self.length == len(seq) and self._last_logits is not None:
-            return self._last_logits
-        if self.length == len(seq):  # logits were discarded: re-feed the last token
+        its last token. A later :meth:`rollback` to ``len(seq)`` or beyond is cheap."""
+        assert self.ids == seq[: self.length], "the cache holds tokens that are not a prefix of seq"
+        if self.length == len(seq) and self._last_logits is None:  # logits were discarded: re-feed the last token
             self.rollback(len(seq) - 1)
-        return self.feed(seq[self.length :])
+        logits = self._last_logits if self.length == len(seq) else self.feed(seq[self.length :])
+        if self.lm.layout.recurrent:
+            self._mark = checkpoint(self.cache, self.length)
+        return logits
 
     def rollback(self, length: int) -> None:
         """Forget everything after the first ``length`` tokens."""
-        if length < self.length:
+        if length >= self.length:
+            return
+        kept = self.ids[:length]
+        self._last_logits = None
+        if not self.lm.layout.recurrent:
             crop(self.cache, length)
-            self.length = length
-            self._last_logits = None
+            self.ids = kept
+            return
+        if self._mark.length > length:  # before the last sync point: re-read from the start
+            self._empty()
+        self.lm.rewind(self.cache, self._mark, [])  # the state at the mark...
+        self.ids = kept[: self._mark.length]
+        if length > self.length:  # ...then re-read the kept tokens after it
+            self.feed(kept[self.length :])

@@ -3,8 +3,9 @@
 >>> lm = load_model("assets/models/tiny-reasoner")          # a local folder or a Hub id
 >>> ids = lm.prompt_ids("Write a Python class Garden. ...")  # templated, think block opened
 
-The model is used only through its public ``forward`` with a ``DynamicCache``; the cache length
-is the one explicit position every decode loop tracks.
+The model is used only through its public ``forward``; its caches (every layer kind, forks,
+rollbacks) come from the runtime layer, ``engine.runtime``. The cache length is the one explicit
+position every decode loop tracks.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 import torch
 
 from engine.presets import BUNDLED, BUNDLED_DIR, PRESETS, Preset
+from engine.runtime.cache import Checkpoint, crop, layout, new_cache, restore, seq_length, take_rows
+from engine.runtime.rope import rope_of
 
 
 class ModelLoadError(RuntimeError):
@@ -94,6 +97,8 @@ class LoadedModel:
             eos.update(source if isinstance(source, list) else [source] if source is not None else [])
         self.eos_ids = frozenset(int(e) for e in eos)
         self.num_parameters = sum(p.numel() for p in model.parameters())
+        self.layout = layout(model.config)  # which cache kinds: sliding windows, recurrent states
+        self.rope = rope_of(model)  # position-scaled RoPE, if any
 
     # ------------------------------------------------------------------ prompts
     def prompt_ids(self, user_text: str) -> list[int]:
@@ -116,10 +121,11 @@ class LoadedModel:
     def warm_up(self) -> None:
         """One short prefill and one batched step, so a first run's timings do not include the
         framework's one-off kernel setup."""
+        self.begin_run()
         cache = self.new_cache()
         ids = self.prompt_ids("warm up")
         self.step_logits(ids, cache, 0)
-        cache.reorder_cache(torch.tensor([0, 0], device=self.device))
+        take_rows(cache, [0, 0], self.device)
         self.forward(torch.tensor([[ids[-1]], [ids[-1]]], device=self.device), cache, len(ids))
 
     def require_markers(self) -> ThinkMarkers:
@@ -131,10 +137,26 @@ class LoadedModel:
         return self.markers
 
     # ------------------------------------------------------------------ forwards
-    def new_cache(self):
-        from transformers import DynamicCache  # noqa: PLC0415
+    def begin_run(self) -> None:
+        """Every run starts from the same model state (dynamic RoPE keeps one between calls)."""
+        self.rope.begin_run(self.model)
 
-        return DynamicCache(config=self.model.config)
+    def new_cache(self):
+        return new_cache(self.model.config)
+
+    def rewind(self, cache, ckpt: Checkpoint, kept: list[int]) -> None:
+        """Roll ``cache`` back to ``ckpt.length + len(kept)`` tokens, ``kept`` being the tokens fed
+        since the checkpoint that stay: attention layers crop; recurrent states are restored and
+        re-read ``kept`` in one forward."""
+        target = ckpt.length + len(kept)
+        if seq_length(cache) == target:
+            return
+        if not ckpt.states:
+            crop(cache, target)
+            return
+        restore(cache, ckpt)
+        if kept:
+            self.forward(torch.tensor([kept], device=self.device), cache, ckpt.length)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache, start: int, positions: torch.Tensor | None = None,
@@ -161,30 +183,6 @@ def _ends_with_open(ids: list[int], open_ids: tuple[int, ...]) -> bool:
     """Whether the prompt already opened the think block (possibly followed by a newline)."""
     k = len(open_ids)
     return tuple(ids[-k:]) == open_ids or (k > 1 and tuple(ids[-k + 1 :]) == open_ids[:-1])
-
-
-def crop(cache, length: int) -> None:
-    """Roll the cache back to ``length`` tokens (transformers 5: ``crop`` takes a negative count)."""
-    extra = cache.get_seq_length() - length
-    assert extra >= 0, f"cannot crop a cache of {cache.get_seq_length()} tokens to {length}"
-    if extra:
-        cache.crop(-extra)
-
-
-def holes_supported(cache) -> bool:
-    """Whether rows of ``cache`` may hold holes: every layer a plain growing key/value store (a
-    sliding window counts slots, not tokens, so holes would shrink it)."""
-    from transformers.cache_utils import DynamicLayer  # noqa: PLC0415
-
-    return all(type(layer) is DynamicLayer for layer in cache.layers)
-
-
-def compact(cache, keep: torch.Tensor) -> None:
-    """Keep only the slots ``keep`` (1-D indices, in order) of a one-row cache: the row's holes go."""
-    for layer in cache.layers:
-        if layer.is_initialized and layer.keys.numel():
-            layer.keys = layer.keys.index_select(-2, keep)
-            layer.values = layer.values.index_select(-2, keep)
 
 
 def load_model(name: str | None = None, device: str | None = None, dtype: str | None = None,

@@ -32,6 +32,8 @@ class Draft:
     tokens: list[int] = field(default_factory=list)  # the draft answer, template tail included
     probs: list[torch.Tensor | None] = field(default_factory=list)  # q per token (None: one-hot)
     finished: bool = False
+    end: int | None = None  # the end-of-sequence token the draft sampled after its last token
+    end_probs: torch.Tensor | None = None  # q it was drawn from (None: greedy)
 
     @property
     def name(self) -> str:
@@ -50,7 +52,9 @@ class Proposal:
 
 
 class DraftPrefixProposer:
-    """Proposes the newest draft's continuation while the answer is a prefix of it."""
+    """Proposes the newest draft's continuation while the answer is a prefix of it. A draft that
+    ended by sampling end-of-sequence proposes that end as its last token, with its ``q``: dropping
+    it would make the verifier never test the draft's end, which is not exact under sampling."""
 
     def __init__(self, draft: Draft | None) -> None:
         self.draft = draft
@@ -60,11 +64,12 @@ class DraftPrefixProposer:
         if not self.active:
             return None
         d, n = self.draft, len(answer)
-        if d.tokens[:n] != answer or n >= len(d.tokens):
+        full = d.tokens if d.end is None else [*d.tokens, d.end]
+        if full[:n] != answer or n >= len(full):
             self.active = False
             return None
-        tokens = d.tokens[n : n + max_tokens]
-        q = d.probs[n : n + len(tokens)]
+        tokens = full[n : n + max_tokens]
+        q = [*d.probs, d.end_probs][n : n + len(tokens)]
         probs = None
         if any(p is not None for p in q):
             vocab = next(p for p in q if p is not None).shape[-1]

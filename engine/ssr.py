@@ -11,11 +11,15 @@ forward (``think_spec`` tokens at most: the main row's from the prompt and its r
 draft's from itself, the reasoning and the prompt), so rows take different numbers of tokens per
 step; the slots a row rejected stay in the shared cache as *holes* that the row's attention mask
 hides, and each row carries its own positions. When only the main row is left its holes are
-compacted away. A finished row (end of sequence, ``max_draft`` tokens) leaves the batch.
+compacted away. A finished row (end of sequence, ``max_draft`` tokens) leaves the batch. Models
+whose cache cannot hold holes (sliding windows, recurrent states: ``engine.runtime.cache``) feed
+one token per row per step while drafts ride, as the paper does; a lone main row still speculates.
 
 Phase B, answer by verification. Proposers are asked in order (draft prefix, suffix match in the
 drafts, suffix match in prompt/reasoning/answer); the first proposal is verified in one forward
-together with the not-yet-fed token; the cache is cropped back to what was accepted.
+together with the not-yet-fed token; the cache is rolled back to what was accepted (a crop, or
+for recurrent states a restore and re-read). A draft that ended by sampling end-of-sequence
+proposes that end too, with its probability, so an accepted end ends the answer.
 
 Decision (documented in docs/SSR.md): a draft still being written when the reasoning ends is
 kept with the tokens it has and is not extended. Extending it would cost one forward per token,
@@ -35,7 +39,8 @@ import torch
 
 from engine.config import RunConfig
 from engine.events import Event
-from engine.model import LoadedModel, compact, crop, holes_supported
+from engine.model import LoadedModel
+from engine.runtime.cache import checkpoint, compact, crop, take_rows
 from engine.proposers import Draft, DraftPrefixProposer, Proposal, SuffixProposer
 from engine.recorder import Recorder
 from engine.sampling import Chooser
@@ -47,6 +52,10 @@ def decode_ssr(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     markers = lm.require_markers()
     cfg.check_ssr()
     prompt_ids = lm.prompt_ids(prompt)
+    last_fork = min(cfg.draft_start + (cfg.num_drafts - 1) * cfg.draft_interval, cfg.max_think)
+    lm.rope.check_speculation(len(prompt_ids) + len(markers.close_ids) + max(
+        cfg.max_think + cfg.max_answer, last_fork + cfg.max_draft), lm.model_id)
+    lm.begin_run()
     rec = Recorder(lm.tokenizer, "ssr", len(prompt_ids), lm.device)
     index = SuffixIndex(cfg.min_match)
     index.extend("prompt", prompt_ids)
@@ -85,11 +94,10 @@ def _reason_and_draft(s: _State, markers, first_input: int) -> Iterator[Event]:
     rows: list[Draft] = []  # live drafts, in batch order after the main row
     unfed = [first_input]  # the main row's tokens not yet in the cache
     n = 0  # reasoning tokens so far
-    batch = _Batch(s.length, lm.device)
+    batch = _Batch(lm, s.cache, s.length)
     think_stop = lm.eos_ids | {markers.close_id}
     main_lookup = SuffixProposer(s.index, ["prompt", "reasoning"], think_stop, cfg.spec_factor)
     draft_lookups: dict[int, SuffixProposer] = {}  # by draft index: itself, then the reasoning and the prompt
-    can_hold_holes = holes_supported(s.cache)
     step_times: dict[bool, list[float]] = {False: [], True: []}  # one-token steps, without / with drafts
     while True:
         t_step = time.perf_counter()
@@ -103,14 +111,14 @@ def _reason_and_draft(s: _State, markers, first_input: int) -> Iterator[Event]:
             draft_lookups[d.index] = SuffixProposer(s.index, [d.name, "reasoning", "prompt"], lm.eos_ids,
                                                     cfg.spec_factor)
             rec.stats.drafts += 1
-            batch.fork(s.cache, len(rows))
+            batch.fork(len(rows))
             yield rec.phase("drafting", draft=d.index, at_token=n)
             s.index.extend(d.name, tail)
             for t in tail:
                 yield rec.token("draft", t, draft=d.index)
         # 2. what each row feeds: its unfed tokens, then a lookup proposal (when its row may hold
         #    holes; a cache that cannot feeds one token per row per step, as the paper does)
-        spec = cfg.think_spec if (not rows or can_hold_holes) else 0
+        spec = cfg.think_spec if (not rows or lm.layout.holes_ok) else 0
         room = min(spec, cfg.max_think - n)
         if len(s.drafts) < cfg.num_drafts:  # land exactly on the next fork
             room = min(room, _fork_at(cfg, len(s.drafts)) - n - 1)
@@ -119,7 +127,7 @@ def _reason_and_draft(s: _State, markers, first_input: int) -> Iterator[Event]:
             feeds.append(_feed(d.unfed, draft_lookups[d.index], d.tokens, min(spec, cfg.max_draft - len(d.tokens) - 1),
                                spec))
         # 3. one forward over every row
-        logits = batch.forward(lm, s.cache, [f for f, _, _ in feeds])  # [rows, K, V]
+        logits = batch.forward([f for f, _, _ in feeds])  # [rows, K, V]
         rec.forward()
         # 4. each row verifies its proposal; the batch keeps what each row took
         taken = []
@@ -133,7 +141,7 @@ def _reason_and_draft(s: _State, markers, first_input: int) -> Iterator[Event]:
             chooser = s.main if r == 0 else s.drafter
             a, nxt = chooser.verify(logits[r, m - 1 : len(fed)], prop.tokens if prop else [], None)
             taken.append((m, a, nxt, logits[r, m - 1 :]))
-        batch.keep(s.cache, [m + a for m, a, _, _ in taken])
+        batch.keep([m + a for m, a, _, _ in taken])
         # 5. drafts record what they took
         for d, (_, prop, look), (_, a, nxt, row_logits) in zip(rows, feeds[1:], taken[1:]):
             if nxt is not None:
@@ -163,7 +171,7 @@ def _reason_and_draft(s: _State, markers, first_input: int) -> Iterator[Event]:
         # 7. drop finished rows; alone again, the main row sheds its holes
         live = [i for i, d in enumerate(rows) if not d.finished]
         if len(live) < len(rows):
-            batch.select(s.cache, [0, *(1 + i for i in live)])
+            batch.select([0, *(1 + i for i in live)])
             rows = [rows[i] for i in live]
         if all(len(f) == 1 for f, _, _ in feeds):
             step_times[bool(rows)].append(time.perf_counter() - t_step)
@@ -173,7 +181,7 @@ def _reason_and_draft(s: _State, markers, first_input: int) -> Iterator[Event]:
     rec.stats.step_s_drafting = _mean(step_times[True])
     # reasoning over: live drafts are frozen as they are; the main row goes on alone
     if rows:
-        batch.select(s.cache, [0])
+        batch.select([0])
     s.length = batch.length
     if s.ended:
         return
@@ -188,13 +196,15 @@ def _reason_and_draft(s: _State, markers, first_input: int) -> Iterator[Event]:
 
 def _draft_takes(s: _State, d: Draft, tokens: list[int], row_logits: torch.Tensor) -> Iterator[Event]:
     """Draft ``d`` takes ``tokens`` (verified lookup tokens, then its own); ``row_logits[j]`` is
-    the distribution token ``j`` was drawn from. It finishes at end of sequence or ``max_draft``."""
+    the distribution token ``j`` was drawn from. It finishes at end of sequence (kept as its end,
+    with the probability it was drawn with) or at ``max_draft`` tokens."""
     for j, t in enumerate(tokens):
+        q = None if s.drafter.greedy else s.drafter.probs(row_logits[j])
         if t in s.lm.eos_ids:
-            d.finished = True
+            d.finished, d.end, d.end_probs = True, t, q
             break
         d.tokens.append(t)
-        d.probs.append(None if s.drafter.greedy else s.drafter.probs(row_logits[j]))
+        d.probs.append(q)
         s.index.extend(d.name, [t])
         yield s.rec.token("draft", t, draft=d.index)
         if len(d.tokens) >= s.cfg.max_draft:
@@ -221,37 +231,45 @@ class _Batch:
     """The rows of phase A in one cache: a row may hold holes (slots it rejected), hidden from it
     by its attention mask; each row has its own positions."""
 
-    def __init__(self, length: int, device) -> None:
-        self.device = device
+    def __init__(self, lm: LoadedModel, cache, length: int) -> None:
+        self.lm, self.cache, self.device = lm, cache, lm.device
         self.length = length  # slots in the cache, holes included
         self.valid: torch.Tensor | None = None  # [rows, length] visible slots; None: no holes anywhere
         self.positions = [length]  # per row: tokens it holds (its next position)
+        self._fed: list[list[int]] = []  # the last forward's rows, and its checkpoint (recurrent states)
+        self._ckpt = None
 
-    def fork(self, cache, rows_after: int) -> None:
+    def fork(self, rows_after: int) -> None:
         """Append a copy of the main row (there are ``rows_after`` drafts once it is added)."""
-        cache.reorder_cache(torch.tensor([*range(rows_after), 0], device=self.device))
+        take_rows(self.cache, [*range(rows_after), 0], self.device)
         if self.valid is not None:
             self.valid = torch.cat([self.valid, self.valid[:1]])
         self.positions.append(self.positions[0])
 
-    def forward(self, lm: LoadedModel, cache, feeds: list[list[int]]) -> torch.Tensor:
+    def forward(self, feeds: list[list[int]]) -> torch.Tensor:
         """Logits ``[rows, K, V]`` for each row's feed, padded to the longest (K). A row's padding
         sits after its real tokens, so causality already hides it in this forward; ``keep`` turns
         it into holes for the next ones."""
         width = max(len(f) for f in feeds)
+        self._fed = feeds
+        self._ckpt = checkpoint(self.cache, self.length) if self.lm.layout.recurrent and width > 1 else None
         ids = torch.tensor([f + [f[-1]] * (width - len(f)) for f in feeds], device=self.device)
         pos = torch.tensor(self.positions, device=self.device)[:, None] + torch.arange(width, device=self.device)
         mask = None
         if self.valid is not None:
             mask = torch.cat([self.valid, torch.ones(len(feeds), width, dtype=torch.bool)], dim=1).long()
             mask = mask.to(self.device)
-        return lm.forward(ids, cache, self.length, positions=pos, attention_mask=mask)
+        return self.lm.forward(ids, self.cache, self.length, positions=pos, attention_mask=mask)
 
-    def keep(self, cache, kept: list[int]) -> None:
+    def keep(self, kept: list[int]) -> None:
         """Row ``r`` keeps the first ``kept[r]`` slots it was just fed; the rest become its holes.
-        Slots no row kept are cropped off the end."""
+        Slots no row kept are rolled back off the end."""
         top = max(kept)
-        crop(cache, self.length + top)
+        if self._ckpt is not None:  # recurrent states: only a lone row feeds several tokens (no holes)
+            assert len(kept) == 1, "rows with recurrent states cannot hold holes"
+            self.lm.rewind(self.cache, self._ckpt, self._fed[0][:top])
+        else:
+            crop(self.cache, self.length + top)
         if self.valid is not None or any(k < top for k in kept):
             block = torch.arange(top)[None, :] < torch.tensor(kept)[:, None]
             valid = self.valid if self.valid is not None else torch.ones(len(kept), self.length, dtype=torch.bool)
@@ -259,15 +277,15 @@ class _Batch:
         self.length += top
         self.positions = [p + k for p, k in zip(self.positions, kept)]
 
-    def select(self, cache, keep: list[int]) -> None:
+    def select(self, keep: list[int]) -> None:
         """Keep these rows; a lone main row sheds its holes."""
-        cache.batch_select_indices(torch.tensor(keep, device=self.device))
+        take_rows(self.cache, keep, self.device)
         self.positions = [self.positions[i] for i in keep]
         if self.valid is not None:
             self.valid = self.valid[keep]
             if len(keep) == 1:
                 slots = self.valid[0].nonzero().flatten()
-                compact(cache, slots.to(self.device))
+                compact(self.cache, slots.to(self.device))
                 self.length, self.valid = len(slots), None
 
 
@@ -289,27 +307,35 @@ def _answer(s: _State) -> Iterator[Event]:
                 break
         proposed = prop.tokens if prop else []
         # 2. verify: the unfed token(s) and the proposal in one forward
-        logits = lm.step_logits(s.unfed + proposed, s.cache, s.length)[len(s.unfed) - 1 :]  # [k + 1, V]
+        fed = s.unfed + proposed
+        ckpt = checkpoint(s.cache, s.length)
+        logits = lm.step_logits(fed, s.cache, s.length)[len(s.unfed) - 1 :]  # [k + 1, V]
         rec.forward()
         accepted, nxt = s.main.verify(logits, proposed, prop.probs if prop else None)
-        # 3. accept: roll the cache back to the accepted tokens
-        s.length += len(s.unfed) + accepted
-        crop(s.cache, s.length)
-        for j, t in enumerate(proposed[:accepted]):
+        # 3. accept: roll the cache back to the accepted tokens; a draft's end, accepted, ends the answer
+        taken = proposed[:accepted]
+        ended = bool(taken) and taken[-1] in stop
+        if ended:
+            taken.pop()
+        else:
+            lm.rewind(s.cache, ckpt, fed[: len(s.unfed) + accepted])
+            s.length += len(s.unfed) + accepted
+        for j, t in enumerate(taken):
             yield rec.token("answer", t, prop.status, prop.draft, prop.source, prop.match_len)
             if prop.draft is not None:
                 yield rec.draft_status(prop.draft, prop.start + j, prop.status, prop.source, prop.match_len)
-        # 4. record what was proposed and not taken
+        # 4. record what was proposed and not taken (a draft's end is no token of its pane)
         if prop is not None:
             for j in range(accepted, len(proposed)):
                 if prop.draft is None:
                     rec.rejected_lookup(1)
-                elif (ev := rec.draft_status(prop.draft, prop.start + j, "rejected")) is not None:
+                elif prop.start + j < len(s.drafts[prop.draft].tokens) and \
+                        (ev := rec.draft_status(prop.draft, prop.start + j, "rejected")) is not None:
                     yield ev
             who.observe(prop, accepted)
-        s.answer += proposed[:accepted]
-        s.index.extend("answer", proposed[:accepted])
-        if len(s.answer) >= cfg.max_answer or nxt in stop:
+        s.answer += taken
+        s.index.extend("answer", taken)
+        if ended or len(s.answer) >= cfg.max_answer or nxt in stop:
             break
         # 5. the verifier's own token
         yield rec.token("answer", nxt)

@@ -175,8 +175,8 @@ def test_reasoning_lookup_with_holes_is_exact(arch, monkeypatch):
     holes = []
     keep = ssr_mod._Batch.keep
 
-    def counting_keep(self, cache, kept):
-        keep(self, cache, kept)
+    def counting_keep(self, kept):
+        keep(self, kept)
         holes.append(self.valid is not None and not bool(self.valid.all()))
 
     monkeypatch.setattr(ssr_mod._Batch, "keep", counting_keep)

@@ -1,0 +1,142 @@
+"""KV caches of every kind the engine meets, behind the few operations the decode loops need.
+
+A transformers 5 ``DynamicCache`` is a list of layers, and each kind needs its own care:
+
+* **full attention** (``DynamicLayer``): keys and values grow; a rollback crops the tail.
+* **sliding-window attention**: transformers keeps only the last ``window - 1`` tokens of such a
+  layer, so a rollback after the window has filled cannot bring back what fell out (the crash in
+  issue 13). Here every sliding layer keeps its full K/V for the run and the model's own
+  sliding-window mask does the windowing, so a rollback is a crop as for full layers. Cost: K/V
+  for the run's tokens (its budgets), not for the window; measured against recording the past
+  and cropping after every forward, it is also the simpler path (one kind of rollback, no
+  per-forward trim).
+* **recurrent state** (linear attention, state space: Qwen3.5, Qwen3-Next, LFM2, Nemotron-H): a
+  conv state and a recurrent state updated in place, which nothing can crop. A forward that may
+  be rolled back first takes a :class:`Checkpoint` (a copy of those states, small and fixed in
+  size); a rollback restores it and re-feeds the tokens kept since, in one forward.
+* **KV-shared** layers (``DummyLayer``, Gemma 4): nothing stored, nothing to do.
+
+Rows (SSR's draft rows) fork and leave through ``reorder_cache``, which every layer kind
+implements, recurrent states included. Holes (slots a row rejected, hidden by its mask) need
+every slot to be one position of one row: not so under a sliding window (transformers windows
+slots, not positions) nor with recurrent states (a state cannot un-read a token), so
+:attr:`CacheLayout.holes_ok` is false for those models and their rows feed one token a step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import (
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionAndFullAttentionLayer,
+    LinearAttentionAndSlidingWindowAttentionLayer,
+    LinearAttentionCacheLayerMixin,
+)
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """What kinds of layer a model's cache has."""
+
+    sliding: bool  # some layers attend within a window
+    recurrent: bool  # some layers carry a recurrent (linear attention / state-space) state
+
+    @property
+    def holes_ok(self) -> bool:
+        """Whether rows may hold holes (see the module docstring)."""
+        return not (self.sliding or self.recurrent)
+
+    @property
+    def kind(self) -> str:
+        return "+".join(k for k, on in (("sliding", self.sliding), ("recurrent", self.recurrent)) if on) or "full"
+
+
+def layout(config) -> CacheLayout:
+    """The cache layout of a model with this config (read from the cache transformers builds)."""
+    layers = DynamicCache(config=config).layers
+    return CacheLayout(sliding=any(isinstance(layer, DynamicSlidingWindowLayer) for layer in layers),
+                       recurrent=any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers))
+
+
+def new_cache(config) -> DynamicCache:
+    """An empty cache for a model with this config, sliding layers made full (the mask windows)."""
+    cache = DynamicCache(config=config)
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is DynamicSlidingWindowLayer:
+            cache.layers[i] = DynamicLayer()
+        elif type(layer) is LinearAttentionAndSlidingWindowAttentionLayer:
+            cache.layers[i] = LinearAttentionAndFullAttentionLayer(number_of_states=layer.number_of_states)
+    return cache
+
+
+def seq_length(cache) -> int:
+    """Slots in the cache (the longest attention layer; 0 for an empty or recurrent-only cache)."""
+    return max((layer.get_seq_length() for layer in cache.layers if isinstance(layer, DynamicLayer)), default=0)
+
+
+def crop(cache, length: int) -> None:
+    """Cut every attention layer back to ``length`` slots. Recurrent states are left alone: a
+    rollback past them is :func:`rewind`'s job."""
+    extra = seq_length(cache) - length
+    assert extra >= 0, f"cannot crop a cache of {seq_length(cache)} tokens to {length}"
+    if not extra:
+        return
+    for layer in cache.layers:
+        if isinstance(layer, DynamicLayer) and layer.get_seq_length() > length:
+            DynamicLayer.crop(layer, -(layer.get_seq_length() - length))  # the attention part of hybrid layers too
+
+
+def take_rows(cache, rows: list[int] | torch.Tensor, device) -> None:
+    """Rebuild the batch from these rows, in this order (a row may repeat: that is a fork)."""
+    cache.reorder_cache(torch.as_tensor(rows, device=device))
+
+
+def compact(cache, keep: torch.Tensor) -> None:
+    """Keep only the slots ``keep`` (1-D indices, in order) of a one-row cache: the row's holes go."""
+    for layer in cache.layers:
+        if isinstance(layer, DynamicLayer) and layer.is_initialized and layer.keys.numel():
+            layer.keys = layer.keys.index_select(-2, keep)
+            layer.values = layer.values.index_select(-2, keep)
+
+
+@dataclass
+class Checkpoint:
+    """The recurrent states of a cache at ``length`` tokens (empty for attention-only caches)."""
+
+    length: int
+    states: list[tuple[int, dict, dict, dict]]  # (layer index, conv, recurrent, has_previous_state)
+
+
+def checkpoint(cache, length: int) -> Checkpoint:
+    """Remember what a rollback to ``length`` needs: for attention nothing (a crop will do), for
+    recurrent layers a copy of their states."""
+    states = []
+    for i, layer in enumerate(cache.layers):
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            states.append((i, _copy(layer.conv_states), _copy(layer.recurrent_states), dict(layer.has_previous_state)))
+    return Checkpoint(length, states)
+
+
+def restore(cache, ckpt: Checkpoint) -> None:
+    """Put the cache back as it was at ``ckpt``: attention cropped, recurrent states copied back."""
+    crop(cache, ckpt.length)
+    for i, conv, recurrent, previous in ckpt.states:
+        layer = cache.layers[i]
+        layer.conv_states, layer.recurrent_states = _copy(conv), _copy(recurrent)
+        layer.has_previous_state = dict(previous)
+        for k in conv:
+            layer.is_conv_states_initialized[k] = conv[k] is not None
+            layer.is_recurrent_states_initialized[k] = recurrent[k] is not None
+
+
+def has_recurrent(cache) -> bool:
+    return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers)
+
+
+def _copy(states: dict) -> dict:
+    return {k: None if v is None else v.clone() for k, v in states.items()}
+

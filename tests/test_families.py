@@ -1,0 +1,151 @@
+"""SSR and RSD on every model family: sliding windows, hybrid recurrent layers, scaled RoPE.
+
+Greedy SSR must equal plain decoding token for token on each family, across the settings that
+reach every corner of the engine (draft at the first, a middle and the last reasoning token,
+iterative drafts, reasoning lookups, one-token verifies, tiny budgets, an end of sequence inside
+the reasoning and inside a draft, a stray end-of-thinking marker, multi-byte text); RSD's plumbing
+must reduce to the draft alone at threshold 0 and to the target alone above 1, every role played
+by the family's model (so the draft's, the PRM's and the target's rollbacks all run on it).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from engine.baseline import decode_baseline
+from engine.config import RunConfig
+from engine.prm import MathShepherdScorer
+from engine.rsd import decode_rsd
+from engine.runtime.cache import checkpoint, crop, restore, seq_length
+from engine.ssr import decode_ssr
+from tests.families import RECURRENT, SCALED_ROPE, SLIDING, SWITCH, family_model
+from tests.tiny import with_tokens
+
+SMALL = dict(max_think=16, max_answer=20, max_draft=14)
+SETTINGS = {
+    "draft-at-0": dict(draft_start=0),
+    "draft-at-1": dict(draft_start=1),
+    "draft-mid": dict(draft_start=7, think_spec=3),
+    "draft-last": dict(draft_start=15, max_spec=64),
+    "iterative-think-spec": dict(draft_start=1, num_drafts=3, draft_interval=4, think_spec=2, min_match=1),
+    "one-token-verify": dict(draft_start=3, max_spec=1, min_match=4),
+    "tiny-budgets": dict(max_think=2, max_answer=3, max_draft=2, draft_start=1),
+}
+PROMPTS = ("hello world", "héllo 😀 日本語 <think> stray </think>")
+
+
+def final(events):
+    return list(events)[-1]
+
+
+@functools.lru_cache(maxsize=None)
+def baseline(lm, prompt, max_think, max_answer):
+    return final(decode_baseline(lm, prompt, RunConfig(max_think=max_think, max_answer=max_answer)))
+
+
+def assert_same(lm, prompt, cfg):
+    base = baseline(lm, prompt, cfg.max_think, cfg.max_answer)
+    ssr = final(decode_ssr(lm, prompt, cfg))
+    assert ssr.reasoning_ids == base.reasoning_ids, "reasoning differs from baseline"
+    assert ssr.answer_ids == base.answer_ids, "answer differs from baseline"
+    return ssr
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+@pytest.mark.parametrize("family", [*SLIDING, *RECURRENT])
+def test_greedy_ssr_equals_baseline(family, setting):
+    lm = family_model(family)
+    for prompt in PROMPTS:
+        assert_same(lm, prompt, RunConfig(**{**SMALL, **SETTINGS[setting]}))
+
+
+@pytest.mark.parametrize("family", ["gemma-4-e4b-it", "qwen3.5-4b", "mistral-window", "lfm2"])
+def test_end_of_sequence_inside_the_reasoning_and_inside_a_draft(family):
+    lm = family_model(family)
+    cfg = RunConfig(**SMALL, draft_start=2)
+    probe = final(decode_ssr(lm, PROMPTS[0], cfg))
+    in_draft = next(t for t in probe.drafts[0][3:] if t not in probe.reasoning_ids)
+    steered = assert_same(with_tokens(lm, eos=in_draft), PROMPTS[0], cfg)
+    assert len(steered.drafts[0]) < len(probe.drafts[0])
+    ended = assert_same(with_tokens(lm, eos=probe.reasoning_ids[5]), PROMPTS[0], cfg)
+    assert ended.answer_ids == [] and len(ended.reasoning_ids) <= 5
+
+
+@pytest.mark.parametrize("family", [*SLIDING, *RECURRENT])
+def test_rsd_plumbing(family):
+    target, draft, prm = family_model(family), family_model(family, seed=1), family_model(family, seed=2)
+    cfg = dict(max_think=30, max_answer=10, max_step_tokens=5, max_steps=8)
+
+    def run(mode, threshold, scorer=None):
+        scorer = MathShepherdScorer(prm) if scorer is None else scorer
+        return final(decode_rsd(target, draft, scorer, "Start with 7", RunConfig(**cfg, threshold=threshold), mode))
+
+    for scorer in (None, "target-likelihood"):
+        assert run("rsd", 0.0, scorer).reasoning_ids == run("draft", 0.7).reasoning_ids
+        rewritten = run("rsd", 1.01, scorer)
+        assert rewritten.reasoning_ids == run("target", 0.7).reasoning_ids and rewritten.stats.steps_rejected > 0
+
+
+# ----------------------------------------------------------------------------- the runtime's rollbacks
+
+@pytest.mark.parametrize("family", ["qwen3.5-4b", "nemotron-h", "gemma-4-e4b-it"])
+def test_rollback_restores_the_exact_state(family):
+    """Feed, roll back, feed again: the logits equal a cache that never saw the rolled-back tokens."""
+    lm = family_model(family)
+    ids = lm.prompt_ids("hello world")
+    straight, rolled = lm.new_cache(), lm.new_cache()
+    lm.step_logits(ids[:20], straight, 0)
+    lm.step_logits(ids[:20], rolled, 0)
+    ckpt = checkpoint(rolled, 20)
+    lm.step_logits(ids[20:27], rolled, 20)  # a verify that will be rejected past its first 2 tokens
+    lm.rewind(rolled, ckpt, ids[20:22])
+    lm.step_logits(ids[20:22], straight, 20)
+    assert seq_length(rolled) == seq_length(straight) == 22
+    expected = lm.step_logits(ids[22:26], straight, 22)
+    assert torch.allclose(lm.step_logits(ids[22:26], rolled, 22), expected, atol=1e-10)
+    restore(rolled, ckpt)  # a checkpoint stays valid after use
+    assert seq_length(rolled) == 20
+
+
+def test_sliding_layers_keep_every_token_so_a_crop_past_the_window_works():
+    lm = family_model("mistral-window")  # window of 6
+    cache = lm.new_cache()
+    ids = lm.prompt_ids("hello world")
+    lm.step_logits(ids[:25], cache, 0)
+    crop(cache, 12)
+    again = lm.step_logits(ids[12:20], cache, 12)
+    fresh = lm.new_cache()
+    assert torch.allclose(lm.step_logits(ids[:20], fresh, 0)[12:], again, atol=1e-10)
+    assert not lm.layout.holes_ok and family_model("qwen3.5-4b").layout.kind == "recurrent"
+
+
+# ----------------------------------------------------------------------------- position-scaled RoPE
+
+@pytest.mark.parametrize("family", SCALED_ROPE)
+def test_baseline_matches_generate_across_the_switch(family):
+    """A 22-token prompt and 30 reasoning tokens pass the switch at 40 positions: our plain loop
+    re-encodes (longrope) or grows its frequencies (dynamic) exactly as ``generate()`` does."""
+    lm = family_model(family)
+    ids = lm.prompt_ids("hi")
+    assert len(ids) < SWITCH < len(ids) + 30
+    ours = baseline(lm, "hi", 30, 4).reasoning_ids[:30]  # the 31st is the budget-forced end of thinking
+    lm.begin_run()
+    with torch.inference_mode():
+        theirs = lm.model.generate(torch.tensor([ids]), max_new_tokens=len(ours), do_sample=False, min_new_tokens=1,
+                                   eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+    assert ours == theirs
+    # the dynamic state is reset per run: a long run first does not change the next one
+    final(decode_baseline(lm, "a much longer prompt " * 4, RunConfig(max_think=30, max_answer=2)))
+    assert final(decode_baseline(lm, "hi", RunConfig(max_think=30, max_answer=4))).reasoning_ids[:30] == ours
+
+
+@pytest.mark.parametrize("family", SCALED_ROPE)
+def test_ssr_refuses_past_the_switch_and_is_exact_before_it(family):
+    lm = family_model(family)
+    kind = lm.rope.kind
+    with pytest.raises(ValueError, match=f"rope_type '{kind}'.*past {SWITCH} tokens"):
+        list(decode_ssr(lm, "hi", RunConfig(max_think=16, max_answer=8, draft_start=2)))
+    assert_same(lm, "hi", RunConfig(max_think=6, max_answer=4, max_draft=5, draft_start=2))
