@@ -58,6 +58,7 @@ def decode_hf(lm: LoadedModel, prompt: str, cfg: RunConfig, prompt_lookup: bool 
         kwargs.update(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0)
     if prompt_lookup:
         kwargs["prompt_lookup_num_tokens"] = PLD_TOKENS
+    lm.begin_run()
     start = time.perf_counter()
     try:
         with torch.inference_mode():

@@ -132,3 +132,28 @@ def position_only(lm: LoadedModel) -> LoadedModel:
         lm.model.transformer.wte.weight.mul_(0.001)
         lm.model.transformer.wpe.weight.mul_(50.0)
     return lm
+
+
+def make_small_vocab_model(seed: int = 0, init_scale: float = 2.0) -> LoadedModel:
+    """A float64 Llama over eight words (``a``, ``b``, ``c``, the markers, end of sequence): small
+    enough to enumerate its exact output distribution for a few tokens. End of sequence scores
+    exactly as ``a`` everywhere, so drafts and answers end often (the corner sampling must get right)."""
+    from tokenizers import pre_tokenizers as pre  # noqa: PLC0415
+
+    words = ["<|endoftext|>", "<|im_end|>", "<think>", "</think>", "a", "b", "c", "[UNK]"]
+    inner = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    inner.pre_tokenizer = pre.WhitespaceSplit()
+    inner.decoder = decoders.WordPiece()
+    inner.add_special_tokens(words[:4])
+    tok = PreTrainedTokenizerFast(tokenizer_object=inner, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                  unk_token="[UNK]")
+    config = LlamaConfig(vocab_size=len(words), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=2, intermediate_size=32, max_position_embeddings=64,
+                         tie_word_embeddings=False, eos_token_id=1, bos_token_id=1, pad_token_id=0)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.float64).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(init_scale)
+        model.lm_head.weight[1] = model.lm_head.weight[4]  # end of sequence as likely as "a"
+    return LoadedModel(model, tok, f"tiny-vocab-{seed}", find_markers(tok))
