@@ -50,9 +50,9 @@ class CachedModel:
         ``all_logits``)."""
         assert tokens, "feed needs at least one token"
         start = time.perf_counter()
-        ids, fed, at = self.ids + tokens, tokens, self.length
-        if self.lm.rope.crosses(self.length, len(ids)):  # re-encode all, as generate() does
-            fed, at = ids, 0
+        fed, at, ids = tokens, self.length, self.ids
+        if self.lm.rope.crosses(self.length, self.length + len(tokens)):  # re-encode all, as generate() does
+            fed, at = self.ids + tokens, 0
             self._empty()
         logits = self.lm.step_logits(fed, self.cache, at)[len(fed) - len(tokens):]  # [T, V]
         self.seconds += time.perf_counter() - start
@@ -61,7 +61,8 @@ class CachedModel:
             self.prefill_tokens += len(fed)
         else:
             self.decode_tokens += 1
-        self.ids = ids
+        self.ids = ids  # the list before any re-encode (which empties the cache's own)
+        self.ids.extend(tokens)
         self._last_logits = logits[-1]
         return logits if all_logits else logits[-1]
 

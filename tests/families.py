@@ -86,16 +86,16 @@ FAMILIES = (*SLIDING, *RECURRENT, *SCALED_ROPE)
 
 
 @functools.lru_cache(maxsize=None)
-def family_model(name: str, seed: int = 0, scale: float = 3.0) -> LoadedModel:
-    """A random float64 model of family ``name`` with the in-memory test tokenizer."""
+def family_model(name: str, seed: int = 0, scale: float = 3.0, dtype: torch.dtype = torch.float64) -> LoadedModel:
+    """A random model of family ``name`` (float64 unless asked) with the in-memory test tokenizer."""
     tok = make_tokenizer("open")
     config = _config(name, len(tok))
     config.eos_token_id = config.bos_token_id = tok.eos_token_id
     config.pad_token_id = tok.pad_token_id
     torch.manual_seed(seed)
     # eager experts: the grouped matmul of MoE layers has no float64 kernel on the CPU
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float64, experts_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, experts_implementation="eager").eval()
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(scale)
-    return LoadedModel(model, tok, f"tiny-{name}-{seed}", find_markers(tok))
+    return LoadedModel(model, tok, f"tiny-{name}-{seed}-{str(dtype)[6:]}", find_markers(tok))

@@ -62,6 +62,17 @@ def test_greedy_ssr_equals_baseline(family, setting):
         assert_same(lm, prompt, RunConfig(**{**SMALL, **SETTINGS[setting]}))
 
 
+LONG = "Write a Python class Garden with fields rose, tulip and daisy, each its letter count times 3. " * 3
+
+
+@pytest.mark.parametrize("family", [*SLIDING, *RECURRENT])
+def test_long_prompt_in_float32(family):
+    """A prompt of ~300 tokens (dozens of windows) in float32, as a user's CPU runs it."""
+    lm = family_model(family, dtype=torch.float32)
+    assert len(lm.prompt_ids(LONG)) > 250
+    assert_same(lm, LONG, RunConfig(**SMALL, draft_start=4, think_spec=2, num_drafts=2, draft_interval=6))
+
+
 @pytest.mark.parametrize("family", ["gemma-4-e4b-it", "qwen3.5-4b", "mistral-window", "lfm2"])
 def test_end_of_sequence_inside_the_reasoning_and_inside_a_draft(family):
     lm = family_model(family)
