@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
-from ssr_ui.layout import CSS, build_app
+from starlette.middleware import Middleware
+
+from engine.runlog import RunLogError
 from ssr_ui.handlers import DEFAULT_DRAFT, DEFAULT_PRM, Studio
+from ssr_ui.jobs import CancelRoute
+from ssr_ui.layout import CSS, build_app
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,9 +37,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    demo = build_app(Studio(args.model, args.db, args.device, args.draft_model, args.prm))
-    demo.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, share=args.share,
-                                                   css=CSS)
+    try:
+        studio = Studio(args.model, args.db, args.device, args.draft_model, args.prm)
+    except RunLogError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    demo = build_app(studio)
+    demo.queue(default_concurrency_limit=1).launch(
+        server_name=args.host, server_port=args.port, share=args.share, css=CSS,
+        app_kwargs={"middleware": [Middleware(CancelRoute, jobs=studio.jobs)]})  # per-job cancel (ssr_ui/jobs.py)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,20 @@ Tables (open them with ``sqlite-utils tables runs.db`` or Datasette):
   texts, device, library versions, ``created_at``.
 * ``events``: every event of every run in order (``run_id``, ``seq``), enough to re-render any
   past run exactly.
-* ``meta``: ``schema_version``. Opening an older file runs the missing migrations, in order.
+* ``meta``: ``schema_version``. Opening an older file of ours runs the missing migrations, in order.
 
-WAL mode; every write opens its own connection inside one transaction, so writers on several
-threads never share a connection and a failed write leaves no half-written run.
+Promises, each tested:
+
+* **A save is one transaction**: the run row and all its events, or nothing (WAL mode; every
+  write opens its own connection, so writers on several threads never share one).
+* **The schema is verified, never guessed.** Whenever the file is new to this object (first use,
+  or its inode changed: deleted, replaced), the tables, columns, indexes, journal mode and version
+  are checked. A vanished file is re-created with the full schema; a file whose tables are not
+  what this version writes is moved aside (``runs.db.broken-<time>``, nothing deleted) and a fresh
+  one created; :attr:`RunLog.notice` says which, for the studio to show. A version is only ever
+  stamped on tables this code created or migrated. What cannot be fixed (a folder that does not
+  exist, a directory, a file that is not SQLite, no write permission, a newer schema) raises
+  :class:`RunLogError` naming the file and the reason.
 
 >>> log = RunLog("runs.db")
 >>> for event in log.record(decode_ssr(lm, prompt, cfg), RunMeta("ssr", "tiny-reasoner", prompt, cfg.to_dict())):
@@ -23,9 +33,11 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 import platform
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -36,6 +48,10 @@ import sqlite_utils
 from engine.events import DoneEvent, Event, PhaseEvent, RunStats, StepEvent, TokenEvent
 
 SCHEMA_VERSION = 3
+
+
+class RunLogError(ValueError):
+    """The run log cannot be used; the message names the file and says why."""
 
 
 @dataclass
@@ -104,19 +120,122 @@ def _stats_columns() -> dict:
     return {f.name: kinds.get(f.type, float) for f in dataclasses.fields(RunStats) if f.name != "method"}
 
 
+EVENT_COLUMNS = ("run_id", "seq", "kind", "stream", "status", "token_id", "text", "position", "draft", "source",
+                 "match_len", "t", "phase", "at_token", "reward", "accepted")
+INDEXES = {("method",), ("prompt_hash",)}
+
+
+def expected_run_columns() -> set[str]:
+    """Every column this version writes into ``runs``."""
+    base = {"id", "created_at", "method", "model", "prompt", "prompt_hash", "config", "status", "error", "draft_model",
+            "prm", "prompt_id", "reference", "correct", "origin", "device", "versions", "reasoning_text", "answer_text"}
+    return base | set(_stats_columns())
+
+
 class RunLog:
     def __init__(self, path: str | Path = "runs.db") -> None:
         self.path = Path(path)
-        self._lock = threading.Lock()  # serialises migrations and writes within this process
-        if self.path.parent and not self.path.parent.exists():
-            raise ValueError(f"run log folder {str(self.path.parent)!r} does not exist")
-        with self._db() as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            self._migrate(db)
+        self.notice: str | None = None  # the latest repair, e.g. "run log re-created at runs.db (...)"
+        self._lock = threading.RLock()  # serialises checks, repairs and writes within this process
+        self._identity: tuple[int, int] | None = None  # (device, inode) of the file last verified
+        if self.path.is_dir():
+            raise RunLogError(f"run log {str(self.path)!r} is a directory, not a file: pass a file path (--db)")
+        if not self.path.parent.is_dir():
+            raise RunLogError(f"run log folder {str(self.path.parent)!r} does not exist (for {str(self.path)!r}, --db)")
+        self._ensure()
+        self._probe_write()
+
+    def _probe_write(self) -> None:
+        """A real write, rolled forward and committed unchanged: file modes do not bind root, and a
+        read-only file or folder only shows when SQLite writes."""
+        try:
+            with contextlib.closing(self._connect()) as conn:
+                conn.execute("update meta set value = value where key = 'schema_version'")
+                conn.commit()
+        except sqlite3.Error as err:
+            raise RunLogError(f"run log {str(self.path)!r} cannot be written ({err}): check the file's and its "
+                              "folder's permissions, or pass another --db") from None
+
+    # ------------------------------------------------------------------ the file and its schema
+    def _ensure(self) -> None:
+        """Verify (or create, or repair) the schema if the file is not the one last verified."""
+        with self._lock:
+            identity = _identity(self.path)
+            if identity is not None and identity == self._identity:
+                return
+            if identity is None:  # no file: a first run, or it vanished under us
+                if self._identity is not None:
+                    self.notice = f"run log re-created at {self.path} (the file had vanished)"
+                    for suffix in ("-wal", "-shm"):  # they belong to the vanished file
+                        Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+                self._create()
+            else:
+                problem = self._verify_or_migrate()
+                if problem:
+                    aside = self.path.with_name(f"{self.path.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
+                    try:
+                        self.path.rename(aside)
+                        for suffix in ("-wal", "-shm"):
+                            Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+                    except OSError as err:
+                        raise RunLogError(f"run log {str(self.path)!r} {problem}, and it cannot be moved aside: {err}") \
+                            from None
+                    self._create()
+                    self.notice = f"run log re-created at {self.path} (it {problem}; the old file is {aside.name})"
+            self._identity = _identity(self.path)
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(self.path, timeout=30)
+            conn.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.DatabaseError as err:
+            if "not a database" in str(err):
+                raise RunLogError(f"run log {str(self.path)!r} is not an SQLite database ({err}): pass another --db") \
+                    from None
+            raise RunLogError(f"run log {str(self.path)!r} cannot be opened for writing ({err}): check the file's "
+                              "and its folder's permissions, or pass another --db") from None
+        return conn
+
+    def _create(self) -> None:
+        with contextlib.closing(self._connect()) as conn:
+            db = sqlite_utils.Database(conn)
+            for v in range(1, SCHEMA_VERSION + 1):
+                MIGRATIONS[v](db)
+            db["meta"].upsert({"key": "schema_version", "value": str(SCHEMA_VERSION)}, pk="key")
+            conn.commit()
+
+    def _verify_or_migrate(self) -> str | None:
+        """Bring an older file of ours up to date; return what is wrong with the file, or None."""
+        try:
+            with contextlib.closing(self._connect()) as conn:
+                db = sqlite_utils.Database(conn)
+                tables = set(db.table_names())
+                if not tables:  # an empty SQLite file (or an empty file): ours to fill
+                    conn.close()
+                    self._create()
+                    return None
+                if "meta" not in tables:
+                    return "holds tables this app did not create (no meta table)"
+                row = conn.execute("select value from meta where key = 'schema_version'").fetchone()
+                version = int(row[0]) if row else 0
+                if version > SCHEMA_VERSION:
+                    raise RunLogError(f"run log {str(self.path)!r} has schema version {version}, newer than this "
+                                      f"app's {SCHEMA_VERSION}: upgrade the app or pass another --db")
+                if version < 1 or not {"runs", "events"} <= tables:
+                    return f"has a meta table but not this app's tables (version {version})"
+                for v in range(version + 1, SCHEMA_VERSION + 1):
+                    MIGRATIONS[v](db)
+                    db["meta"].upsert({"key": "schema_version", "value": str(v)}, pk="key")
+                    conn.commit()
+                return _schema_problem(db)
+        except sqlite3.DatabaseError as err:
+            raise RunLogError(f"run log {str(self.path)!r} is not an SQLite database ({err}): pass another --db") \
+                from None
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite_utils.Database]:
-        conn = sqlite3.connect(self.path, timeout=30)
+        self._ensure()
+        conn = self._connect()
         try:
             yield sqlite_utils.Database(conn)
             conn.commit()
@@ -125,18 +244,6 @@ class RunLog:
             raise
         finally:
             conn.close()
-
-    def _migrate(self, db: sqlite_utils.Database) -> None:
-        with self._lock:
-            version = 0
-            if "meta" in db.table_names():
-                row = db.execute("select value from meta where key = 'schema_version'").fetchone()
-                version = int(row[0]) if row else 0
-            if version > SCHEMA_VERSION:
-                raise ValueError(f"{self.path} has schema version {version}, newer than this app's {SCHEMA_VERSION}")
-            for v in range(version + 1, SCHEMA_VERSION + 1):
-                MIGRATIONS[v](db)
-                db["meta"].upsert({"key": "schema_version", "value": str(v)}, pk="key")
 
     # ------------------------------------------------------------------ writing
     def record(self, events: Iterable[Event], meta: RunMeta) -> Iterator[Event]:
@@ -157,7 +264,7 @@ class RunLog:
             self.save(meta, seen, "ok" if seen and isinstance(seen[-1], DoneEvent) else "cancelled")
 
     def save(self, meta: RunMeta, events: list[Event], status: str, error: str | None = None) -> int:
-        """Write one run and its events in a single transaction; returns the run id."""
+        """Write one run and its events in a single transaction (all or nothing); returns the run id."""
         done = events[-1] if events and isinstance(events[-1], DoneEvent) else None
         stats = done.stats if done else _partial_stats(meta.method, events)
         row = {
@@ -171,10 +278,16 @@ class RunLog:
             "answer_text": done.answer_text if done else _text(events, "answer"),
             **{k: v for k, v in stats.to_dict().items() if k != "method"},
         }
-        with self._lock, self._db() as db:
-            run_id = db["runs"].insert(row).last_pk
-            db["events"].insert_all((_event_row(run_id, i, ev) for i, ev in enumerate(events)
-                                     if not isinstance(ev, DoneEvent)), batch_size=500)
+        names = ", ".join(f"[{k}]" for k in row)
+        try:
+            with self._lock, self._db() as db:
+                run_id = db.conn.execute(f"insert into runs ({names}) values ({', '.join('?' * len(row))})",
+                                         list(row.values())).lastrowid
+                db.conn.executemany(
+                    f"insert into events ({', '.join(EVENT_COLUMNS)}) values ({', '.join('?' * len(EVENT_COLUMNS))})",
+                    (_event_values(run_id, i, ev) for i, ev in enumerate(events) if not isinstance(ev, DoneEvent)))
+        except (sqlite3.Error, RunLogError) as err:
+            raise RunLogError(f"run not saved to {self.path}: {err}") from None
         return run_id
 
     # ------------------------------------------------------------------ reading
@@ -205,6 +318,11 @@ class RunLog:
         return [_row_event(r) for r in rows]
 
 
+def _event_values(run_id: int, seq: int, ev: Event) -> list:
+    row = _event_row(run_id, seq, ev)
+    return [row.get(c) for c in EVENT_COLUMNS]
+
+
 def _event_row(run_id: int, seq: int, ev: Event) -> dict:
     row = {"run_id": run_id, "seq": seq, "kind": ev.kind, "t": ev.t}
     if isinstance(ev, PhaseEvent):
@@ -226,6 +344,35 @@ def _row_event(r: dict) -> Event:
                          None if r["accepted"] is None else bool(r["accepted"]), r["t"])
     return TokenEvent(r["stream"], r["status"], r["token_id"], r["text"], r["position"], r["t"], r["draft"],
                       r["source"], r["match_len"])
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _schema_problem(db: sqlite_utils.Database) -> str | None:
+    """What differs from the schema this version writes, or None."""
+    runs, events = db["runs"], db["events"]
+    missing = expected_run_columns() - set(runs.columns_dict)
+    if missing:
+        return f"has a runs table without the columns {', '.join(sorted(missing))}"
+    if runs.pks != ["id"]:
+        return "has a runs table without its integer id key"
+    missing = set(EVENT_COLUMNS) - set(events.columns_dict)
+    if missing:
+        return f"has an events table without the columns {', '.join(sorted(missing))}"
+    if events.pks != ["run_id", "seq"]:
+        return "has an events table without its (run_id, seq) key"
+    indexed = {tuple(i.columns) for i in runs.indexes}
+    if not INDEXES <= indexed:
+        return "has a runs table without its indexes"
+    if db.execute("pragma journal_mode").fetchone()[0] != "wal":
+        return "is not in WAL mode"
+    return None
 
 
 def _text(events: list[Event], stream: str) -> str:

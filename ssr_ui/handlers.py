@@ -19,8 +19,9 @@ from engine.model import LoadedModel, ModelLoadError, SSRUnsupportedError, load_
 from engine.presets import recommended_settings
 from engine.prm import make_scorer
 from engine.rsd import check_pair
-from engine.runlog import RunLog, RunMeta, prompt_hash
+from engine.runlog import RunLog, RunLogError, RunMeta, prompt_hash
 from ssr_ui import charts
+from ssr_ui.jobs import Job, Jobs
 from ssr_ui.render import TraceView, error_html, metrics_html
 
 UPDATES_PER_S = 12  # at most; long traces update less often (see _interval)
@@ -65,6 +66,7 @@ class Studio:
         self.default_draft, self.default_prm = draft_model, prm
         self.device = device
         self.log = RunLog(db)
+        self.jobs = Jobs()
         self._models: dict[str, LoadedModel] = {}
         self._scorers: dict[str, object] = {}
         self._lock = threading.Lock()  # one run on the model at a time
@@ -89,10 +91,15 @@ class Studio:
 
     # ------------------------------------------------------------------ the streaming handler
     def run(self, prompt: str, method: str = "SSR", model_name: str = "", draft_model: str = "",
-            prm: str = "", **settings) -> Iterator[Frame]:
+            prm: str = "", job: Job | None = None, **settings) -> Iterator[Frame]:
         """Stream a run (or, for "Compare", baseline, SSR and RSD in turn) as UI frames; errors
-        become a message in the metrics strip, never an exception in the page."""
+        become a message in the metrics strip, never an exception in the page. A ``job`` marked
+        cancelled stops the run at its next event (logged ``cancelled``, shown "stopped"); one
+        cancelled before it started runs nothing and logs nothing."""
+        job = job or Job(None, None)
         view = TraceView()
+        if job.cancelled:
+            return
         try:
             if not prompt or not prompt.strip():
                 raise ValueError("type a prompt first")
@@ -113,19 +120,26 @@ class Studio:
                     check_pair(lm, rsd["draft"])
                 finals = {}
                 for name in runs:
+                    if job.cancelled:
+                        break
                     view = TraceView()
-                    for frame in self._stream(lm, prompt, name, cfg, view, rsd):
-                        yield frame
-                    finals[name] = self._frame(view, name, lm, prompt, cfg, final=True)
-                if method != "Compare":
-                    yield finals[method]
+                    yield from self._stream(lm, prompt, name, cfg, view, rsd, job)
+                    finals[name] = last = self._frame(view, name, lm, prompt, cfg, final=True)
+                if not finals:  # stopped while the model loaded: nothing ran, nothing logged
+                    yield Frame.of(TraceView(phase="stopped"), metrics_html(TraceView(phase="stopped"), method))
+                    return
+                if method != "Compare" or job.cancelled:
+                    yield dataclasses.replace(last, runs=finals if len(finals) > 1 else None)
                     return
                 latencies = {name: f.view.stats.wall_s if f.view.stats else None for name, f in finals.items()}
                 yield dataclasses.replace(finals[COMPARE_SHOWS], chart=charts.latency_bars(latencies), runs=finals)
         except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
             yield Frame.of(view, error_html(str(err)))
 
-    def _stream(self, lm, prompt, name, cfg, view, rsd: dict | None = None) -> Iterator[Frame]:
+    def _stream(self, lm, prompt, name, cfg, view, rsd: dict | None = None, job: Job | None = None) -> Iterator[Frame]:
+        """Run one method into ``view``, yielding throttled frames. A cancelled ``job`` stops it
+        (the engine stream is closed, so the run is logged ``cancelled``); a run log that cannot
+        be written leaves the run on screen with a "not saved" notice."""
         method = METHOD_NAMES[name]
         if method == "ssr":
             lm.require_markers()
@@ -134,15 +148,33 @@ class Studio:
                        draft_model=rsd.get("draft_name") if method == "rsd" else None,
                        prm=rsd.get("prm_name") if method == "rsd" else None)
         last = 0.0
-        for ev in self.log.record(decoder(method, lm, rsd.get("draft"), rsd.get("scorer"))(prompt, cfg), meta):
-            view.apply(ev)
-            now = time.perf_counter()
-            if now - last >= _interval(view):
-                last = now
-                yield self._frame(view, name, lm, prompt, cfg)
+        events = self.log.record(decoder(method, lm, rsd.get("draft"), rsd.get("scorer"))(prompt, cfg), meta)
+        try:
+            try:
+                for ev in events:
+                    view.apply(ev)
+                    if job is not None and job.cancelled:
+                        view.phase = "stopped"
+                        break
+                    now = time.perf_counter()
+                    if now - last >= _interval(view):
+                        last = now
+                        yield self._frame(view, name, lm, prompt, cfg)
+            finally:
+                events.close()  # a stop, or a client gone, logs the run as cancelled
+        except RunLogError as err:
+            view.notice = f"not saved: {err}"
+        if self.log.notice and not view.notice:
+            view.notice = self.log.notice
+            self.log.notice = None
 
     def _frame(self, view, name, lm, prompt, cfg, final=False, chart=None) -> Frame:
-        compare = self.compare_to_baseline(view, lm.model_id, prompt, cfg) if final and name != "Baseline" else None
+        compare = None
+        if final and name != "Baseline" and view.phase != "stopped":
+            try:
+                compare = self.compare_to_baseline(view, lm.model_id, prompt, cfg)
+            except RunLogError as err:
+                view.notice = view.notice or f"history unavailable: {err}"
         return Frame.of(view, metrics_html(view, name, compare), chart)
 
     def compare_to_baseline(self, view: TraceView, model_id: str, prompt: str, cfg: RunConfig) -> dict | None:
@@ -159,9 +191,11 @@ class Studio:
         return {"ratio": view.done.stats.wall_s / base["wall_s"], "identical": identical}
 
     def sweep(self, prompt: str, model_name: str = "", start: int = 0, stop: int = 200, step: int = 20,
-              **settings) -> Iterator[tuple[str, object]]:
+              job: Job | None = None, **settings) -> Iterator[tuple[str, object]]:
         """Run baseline once, then SSR at draft starts ``start, start + step, ... <= stop``; yield
-        (status HTML, chart) after each run. Every run is logged like any other."""
+        (status HTML, chart) after each run. Every run is logged like any other; a cancelled ``job``
+        stops at once (the run in flight logged ``cancelled``), keeping the finished points."""
+        job = job or Job(None, None)
         try:
             if not prompt or not prompt.strip():
                 raise ValueError("type a prompt first")
@@ -174,18 +208,25 @@ class Studio:
             with self._lock:
                 lm = self.model(model_name)
                 base = TraceView()
-                for _ in self._stream(lm, prompt, "Baseline", configs[0], base):
+                for _ in self._stream(lm, prompt, "Baseline", configs[0], base, job=job):
                     pass
                 points = []
                 for d, cfg in zip(starts, configs):
+                    if job.cancelled:
+                        break
                     view = TraceView()
-                    for _ in self._stream(lm, prompt, "SSR", cfg, view):
+                    for _ in self._stream(lm, prompt, "SSR", cfg, view, job=job):
                         pass
+                    if job.cancelled:
+                        break
                     s = view.stats
                     points.append({"draft_start": d, "ratio": s.wall_s / base.stats.wall_s, "accepted": s.accepted,
                                    "recovered": s.recovered})
                     yield (f'<div class="metrics">sweep: {len(points)} / {len(starts)} draft starts done</div>',
                            charts.sweep_chart(points))
+                if job.cancelled:
+                    yield (f'<div class="metrics">sweep stopped after {len(points)} of {len(starts)} draft starts '
+                           '(the run in flight is logged as cancelled)</div>', charts.sweep_chart(points))
         except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
             yield error_html(str(err)), None
 

@@ -20,6 +20,7 @@ from ssr_ui import charts
 from engine.acceptance import WEIGHTINGS
 from engine.presets import BUNDLED, PRESETS
 from ssr_ui.handlers import COMPARE_SHOWS, MODES, Studio
+from ssr_ui.jobs import current_event_id
 from ssr_ui.render import LEGEND, TraceView, error_html
 
 CSS = (Path(__file__).resolve().parents[1] / "assets" / "studio.css").read_text()
@@ -140,7 +141,7 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         # ------------------------------------------------------------------ wiring
         @on_gpu
-        def run(prompt: str, method: str = "SSR", model: str = "", draft_start: int = cfg.draft_start,
+        def run(request: gr.Request, prompt: str, method: str = "SSR", model: str = "", draft_start: int = cfg.draft_start,
                 max_think: int = cfg.max_think, max_draft: int = cfg.max_draft, max_answer: int = cfg.max_answer,
                 num_drafts: int = cfg.num_drafts, draft_interval: int = cfg.draft_interval,
                 suffix_recovery: bool = cfg.suffix_recovery, context_lookup: bool = cfg.context_lookup,
@@ -152,7 +153,10 @@ def build_app(studio: Studio) -> gr.Blocks:
                             context_lookup=context_lookup, temperature=temperature, seed=seed, threshold=threshold,
                             weighting=weighting, weight_param=weight_param, think_spec=think_spec)
             settings = {k: _coerce(k, v) for k, v in settings.items() if v is not None}
-            for frame in studio.run(prompt, method, model, draft_model, prm, **settings):
+            job = studio.jobs.start(current_event_id(), request.session_hash)
+            if job is None:  # Gradio restarting a job that already ran: never run it twice
+                return
+            for frame in studio.run(prompt, method, model, draft_model, prm, job=job, **settings):
                 *panes, fig = frame.as_tuple()
                 runs = gr.update(choices=list(frame.runs), value=COMPARE_SHOWS, visible=True) if frame.runs \
                     else gr.update(visible=False)
@@ -173,18 +177,24 @@ def build_app(studio: Studio) -> gr.Blocks:
                        [reasoning_pane, draft_pane, answer_pane, metrics, last_view, draft_pick])
         draft_pick.input(lambda view, which: view.draft_html(which) if view else "", [last_view, draft_pick],
                          [draft_pane])
-        stop_btn.click(None, None, None, cancels=[run_event])
+        def stop(request: gr.Request):
+            studio.jobs.cancel_session(request.session_hash)
+
+        stop_btn.click(stop, None, None, queue=False, api_visibility="private")
 
         @on_gpu
-        def sweep(prompt, model, start, stop, step, max_think, max_draft, max_answer, temperature, seed):
+        def sweep(request: gr.Request, prompt, model, start, stop, step, max_think, max_draft, max_answer, temperature,
+                  seed):
             settings = {k: _coerce(k, v) for k, v in dict(max_think=max_think, max_draft=max_draft,
                         max_answer=max_answer, temperature=temperature, seed=seed).items() if v is not None}
-            yield from studio.sweep(prompt, model, int(start or 0), int(stop or 0), int(step or 1), **settings)
+            job = studio.jobs.start(current_event_id(), request.session_hash)
+            if job is not None:
+                yield from studio.sweep(prompt, model, int(start or 0), int(stop or 0), int(step or 1), job=job,
+                                        **settings)
 
         sweep_event = sweep_btn.click(sweep, [prompt, model, sweep_from, sweep_to, sweep_step, max_think, max_draft,
                                               max_answer, temperature, seed], [sweep_status, sweep_plot],
                                       api_name="sweep", concurrency_limit=1)
-        stop_btn.click(None, None, None, cancels=[sweep_event])
 
         def load_history(method_name):
             rows = studio.history(method_name)

@@ -58,6 +58,7 @@ class TraceView:
     done: DoneEvent | None = None
     steps: list[StepEvent] = field(default_factory=list)  # RSD: settled steps, rejected drafts first
     step_starts: dict[tuple[str, int], StepEvent] = field(default_factory=dict)  # (stream, first token) -> step
+    notice: str | None = None  # something the user must know about this run (e.g. "not saved: ...")
     _next_step_at: tuple[str, int] = ("reasoning", 0)  # where the next kept step begins
 
     def apply(self, ev) -> None:
@@ -186,7 +187,8 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         if compare.get("identical") is not None:
             items.append(("same answer", "✔" if compare["identical"] else "✘ differs"))
     cells = "".join(f'<div class="metric"><div class="k">{k}</div><div class="v">{v}</div></div>' for k, v in items)
-    return f'<div class="metrics">{cells}</div>'
+    note = f'<div class="metrics-notice">⚠ {html.escape(view.notice)}</div>' if view.notice else ""
+    return f'<div class="metrics">{cells}</div>{note}'
 
 
 def error_html(message: str) -> str:

@@ -6,47 +6,25 @@ its screenshots land in ``test-artifacts/``.
 
 from __future__ import annotations
 
-import os
-import socket
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from ssr_ui.screenshots import wait_for_port
+from tests.apps import ROOT, launched
 
-ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
 CLASS_PROMPT = ("Write a Python class Garden. Fields: rose, tulip, daisy. Each field starts at its letter count "
                 "times 3. Methods: total, reset.")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     """The studio on the bundled model, in its own process, on a free port."""
-    tmp = tmp_path_factory.mktemp("app")
-    port, db = _free_port(), tmp / "runs.db"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--db", str(db)], cwd=ROOT, env=env,
-                            stdout=open(tmp / "app.log", "w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        wait_for_port(port, proc)
-    except RuntimeError as err:
-        raise RuntimeError(f"{err}\n{(tmp / 'app.log').read_text()}") from None
-    yield url, db
-    proc.terminate()
-    proc.wait(timeout=20)
+    with launched(tmp_path_factory.mktemp("app")) as (url, db, _proc):
+        yield url, db
 
 
 def test_gradio_client_streams_a_run_into_the_log(app):

@@ -9,7 +9,8 @@ import pytest
 
 from engine.config import RunConfig
 from engine.events import RunStats
-from engine.runlog import SCHEMA_VERSION, RunLog, RunMeta
+from engine import runlog
+from engine.runlog import SCHEMA_VERSION, RunLog, RunLogError, RunMeta
 from engine.ssr import decode_ssr
 from tests.tiny import make_model
 
@@ -102,7 +103,111 @@ def test_bad_inputs_have_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         RunLog(tmp_path / "missing" / "runs.db")
     log = RunLog(tmp_path / "runs.db")
+    assert log.notice is None
     with pytest.raises(ValueError, match="unknown runs column"):
         log.runs(nonsense=1)
     with pytest.raises(ValueError, match="no run with id 99"):
         log.run(99)
+
+
+# ----------------------------------------------------------------------------- faults (issue 16)
+
+def _schema_ok(path) -> None:
+    conn = sqlite3.connect(path)
+    assert conn.execute("pragma integrity_check").fetchone()[0] == "ok"
+    assert conn.execute("pragma journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("select value from meta where key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+    runs = {r[1]: r for r in conn.execute("pragma table_info(runs)")}
+    assert runs["id"][5] == 1 and runs["wall_s"][2].upper() in ("FLOAT", "REAL"), "runs is not this version's table"
+    indexes = {r[1] for r in conn.execute("pragma index_list(runs)")}
+    assert len(indexes) >= 2
+
+
+def test_a_save_is_one_transaction(tmp_path, lm, monkeypatch):
+    """A failure between the run row and its events leaves nothing behind."""
+    log = RunLog(tmp_path / "runs.db")
+    events = list(decode_ssr(lm, "hello world", CFG))
+    real = runlog._event_values
+
+    def failing(run_id, seq, ev):
+        if seq == 3:
+            raise sqlite3.OperationalError("disk full (injected)")
+        return real(run_id, seq, ev)
+
+    monkeypatch.setattr(runlog, "_event_values", failing)
+    with pytest.raises(RunLogError, match="run not saved.*disk full"):
+        log.save(RunMeta("ssr", "m", "hello world"), events, "ok")
+    conn = sqlite3.connect(tmp_path / "runs.db")
+    assert conn.execute("select count(*) from runs").fetchone()[0] == 0
+    assert conn.execute("select count(*) from events").fetchone()[0] == 0
+
+
+def test_a_deleted_file_is_recreated_with_the_full_schema(tmp_path, lm):
+    path = tmp_path / "runs.db"
+    log = RunLog(path)
+    _run(log, lm)
+    path.unlink()  # deleted while the app runs
+    events = _run(log, lm, "Start with 7")
+    assert [r["prompt"] for r in log.runs()] == ["Start with 7"]  # History keeps working (ordered by id)
+    assert log.events(log.runs()[0]["id"]) == events[:-1]
+    assert log.notice and "re-created" in log.notice and str(path) in log.notice
+    _schema_ok(path)
+    # a restart finds a healthy file: nothing to repair, nothing to say
+    again = RunLog(path)
+    assert again.notice is None and len(again.runs()) == 1
+
+
+def test_tables_this_app_did_not_create_are_moved_aside_never_stamped(tmp_path, lm):
+    """The schema a guessed insert makes (no id, no meta, TEXT columns) is never written into."""
+    path = tmp_path / "runs.db"
+    conn = sqlite3.connect(path)
+    conn.executescript("""
+        create table runs (created_at text, method text, model text, wall_s text);
+        insert into runs values ('2026', 'baseline', 'm', '0.5');
+        create table events (run_id text, seq text, kind text);
+    """)
+    conn.commit()
+    conn.close()
+    log = RunLog(path)
+    assert log.notice and "did not create" in log.notice
+    _schema_ok(path)
+    [aside] = tmp_path.glob("runs.db.broken-*")
+    old = sqlite3.connect(aside)
+    assert "meta" not in {r[0] for r in old.execute("select name from sqlite_master")}, "a version was stamped"
+    assert old.execute("select count(*) from runs").fetchone()[0] == 1, "the old rows are kept"
+    _run(log, lm)
+    assert len(log.runs()) == 1
+
+
+@pytest.mark.parametrize("case, message", [
+    ("directory", "is a directory"),
+    ("not-sqlite", "not an SQLite database"),
+    ("unwritable", "cannot be (opened for writing|written)"),
+    ("newer", "newer than this app"),
+])
+def test_a_run_log_that_cannot_be_used_is_refused_clearly(tmp_path, case, message):
+    path = tmp_path / "runs.db"
+    if case == "directory":
+        path.mkdir()
+    elif case == "not-sqlite":
+        path.write_text("these are my notes, not a database\n" * 50)
+    elif case == "unwritable":
+        RunLog(path)
+        (tmp_path / "runs.db-wal").mkdir()  # SQLite cannot write its journal: bites root too
+    else:
+        RunLog(path)
+        conn = sqlite3.connect(path)
+        conn.execute("update meta set value = '99'")
+        conn.commit()
+        conn.close()
+    with pytest.raises(RunLogError, match=message) as err:
+        RunLog(path)
+    assert str(path) in str(err.value)
+
+
+def test_a_write_that_fails_mid_session_says_so(tmp_path, lm):
+    path = tmp_path / "runs.db"
+    log = RunLog(path)
+    (tmp_path / "runs.db-wal").mkdir()
+    with pytest.raises(RunLogError, match="run not saved"):
+        _run(log, lm)

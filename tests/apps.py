@@ -1,0 +1,42 @@
+"""Launch the studio in its own process on a free port, for end-to-end tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from ssr_ui.screenshots import wait_for_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def launched(folder: Path, *args: str, db: Path | None = None):
+    """Yield ``(url, db, process)`` for ``python app.py`` with a run log in ``folder``; its output
+    goes to ``folder/app.log``. The process is stopped on exit (if it is still running)."""
+    port, db = free_port(), db or folder / "runs.db"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1"}
+    log = open(folder / "app.log", "w")
+    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--db", str(db), *args], cwd=ROOT,
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        try:
+            wait_for_port(port, proc)
+        except RuntimeError as err:
+            raise RuntimeError(f"{err}\n{(folder / 'app.log').read_text()}") from None
+        yield f"http://127.0.0.1:{port}/", db, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=20)
+        log.close()
