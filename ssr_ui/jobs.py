@@ -11,16 +11,21 @@ So the studio keeps its own registry, keyed by Gradio's event id (one per submit
 * :class:`CancelRoute`, an ASGI middleware, answers ``POST .../cancel`` itself: it marks that one
   job cancelled and touches no task. A running job sees the mark at its next engine event, stops,
   logs ``cancelled`` and shows "stopped"; a job still queued returns at once when its turn comes,
-  runs nothing and logs nothing (the choice documented in docs/STUDIO.md).
+  runs nothing and logs nothing (the choice documented in docs/STUDIO.md). It also reads the
+  replies to ``POST .../queue/join``, so it knows each session's jobs before they start: a client
+  that cancels before it has learnt its job's id (``gradio_client`` then sends no id) cancels
+  its session's newest unfinished job.
 * :meth:`Jobs.start` refuses a second start of the same job, so no job is ever run twice.
 * The studio's own Stop button marks every job of its browser session (:meth:`Jobs.cancel_session`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 REMEMBERED = 10_000  # job ids kept to refuse a restart; old ones are forgotten first
@@ -31,6 +36,7 @@ class Job:
     event_id: str | None
     session: str | None
     cancel: threading.Event = field(default_factory=threading.Event)
+    finished: bool = False
 
     @property
     def cancelled(self) -> bool:
@@ -71,10 +77,31 @@ class Jobs:
             self._started.add(event_id)
             return self._job(event_id, session)
 
-    def cancel(self, event_id: str) -> None:
-        """Mark one job cancelled, whether it is queued, running or not yet known."""
+    def joined(self, event_id: str, session: str | None) -> None:
+        """A job entered the queue (seen in the reply to its join request)."""
         with self._lock:
-            self._job(event_id).cancel.set()
+            self._job(event_id, session)
+
+    @contextlib.contextmanager
+    def running(self, event_id: str | None, session: str | None) -> Iterator[Job | None]:
+        """:meth:`start` the job for the duration of the block, then mark it finished."""
+        job = self.start(event_id, session)
+        try:
+            yield job
+        finally:
+            if job is not None:
+                job.finished = True
+
+    def cancel(self, event_id: str | None, session: str | None = None) -> None:
+        """Mark one job cancelled, whether it is queued, running or not yet known; without an
+        ``event_id``, the newest unfinished, uncancelled job of ``session``."""
+        with self._lock:
+            if event_id:
+                self._job(event_id).cancel.set()
+                return
+            newest = [j for j in self._jobs.values() if j.session == session and not (j.finished or j.cancelled)]
+            if newest:
+                newest[-1].cancel.set()
 
     def cancel_session(self, session: str | None) -> int:
         """Mark every job of this browser session cancelled; how many were marked."""
@@ -86,29 +113,63 @@ class Jobs:
 
 
 class CancelRoute:
-    """ASGI middleware: ``POST .../cancel`` marks the asked job in :class:`Jobs` and answers."""
+    """ASGI middleware: ``POST .../cancel`` marks the asked job in :class:`Jobs` and answers;
+    ``POST .../queue/join`` passes through, and its reply registers the job with its session."""
 
     def __init__(self, app, jobs: Jobs) -> None:
         self.app, self.jobs = app, jobs
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].endswith("/cancel"):
+        if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        try:
-            event_id = json.loads(body or b"{}").get("event_id")
-        except (ValueError, AttributeError):
-            event_id = None
-        if isinstance(event_id, str) and event_id:
-            self.jobs.cancel(event_id)
-        status, reply = (200, {"success": True}) if event_id else (400, {"detail": "cancel needs an event_id"})
-        payload = json.dumps(reply).encode()
-        await send({"type": "http.response.start", "status": status,
+        elif scope["path"].endswith("/cancel"):
+            await self._cancel(receive, send)
+        elif scope["path"].endswith("/queue/join"):
+            await self._join(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _cancel(self, receive, send) -> None:
+        body = _json(await _read(receive))
+        self.jobs.cancel(body.get("event_id") or None, body.get("session_hash"))
+        payload = b'{"success": true}'
+        await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
+
+    async def _join(self, scope, receive, send) -> None:
+        raw = await _read(receive)
+        session = _json(raw).get("session_hash")
+        reply = b""
+
+        async def replay():  # the request body, once more, for Gradio
+            return {"type": "http.request", "body": raw, "more_body": False}
+
+        async def watch(message):
+            nonlocal reply
+            if message["type"] == "http.response.body":
+                reply += message.get("body", b"")
+                if not message.get("more_body"):
+                    event_id = _json(reply).get("event_id")
+                    if isinstance(event_id, str):
+                        self.jobs.joined(event_id, session)
+            await send(message)
+
+        await self.app(scope, replay, watch)
+
+
+async def _read(receive) -> bytes:
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
+def _json(raw: bytes) -> dict:
+    try:
+        doc = json.loads(raw or b"{}")
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}

