@@ -16,9 +16,10 @@ import sys
 from starlette.middleware import Middleware
 
 from engine.runlog import RunLogError
-from ssr_ui.handlers import DEFAULT_DRAFT, DEFAULT_PRM, Studio
+from ssr_ui.handlers import DEFAULT_DRAFT, DEFAULT_PRM, LOAD_TIMEOUT_S, MAX_RUN_S, Studio
 from ssr_ui.jobs import CancelRoute
-from ssr_ui.layout import CSS, build_app
+from ssr_ui.layout import build_app
+from ssr_ui.render import CSS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,13 +33,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--share", action="store_true", help="create a public gradio.live link")
     ap.add_argument("--db", default="runs.db", help="SQLite run log")
     ap.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
+    ap.add_argument("--load-timeout", type=float, default=LOAD_TIMEOUT_S, help="seconds before a model load is given up")
+    ap.add_argument("--max-run-seconds", type=float, default=MAX_RUN_S, help="a run still going after this is stopped")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        studio = Studio(args.model, args.db, args.device, args.draft_model, args.prm)
+        studio = Studio(args.model, args.db, args.device, args.draft_model, args.prm, args.load_timeout,
+                        args.max_run_seconds)
     except RunLogError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -21,6 +21,7 @@ from engine.sampling import Chooser
 def decode_baseline(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     """Yield the events of a plain run of ``prompt`` (the user message, templated here)."""
     prompt_ids = lm.prompt_ids(prompt)
+    lm.check_fits(len(prompt_ids), cfg.max_think + cfg.max_answer + (len(lm.markers.close_ids) if lm.markers else 0))
     rec = Recorder(lm.tokenizer, "baseline", len(prompt_ids), lm.device)
     chooser = Chooser(cfg.temperature, cfg.top_p, cfg.seed)
     markers = lm.markers

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from engine.acceptance import check_params
 
+MAX_COUNT = 1_000_000  # an upper bound on every token count and interval (far beyond any model's context)
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -53,9 +54,10 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_think", "max_answer", "max_draft", "num_drafts", "max_spec", "min_match"):
-            _require(name, getattr(self, name), getattr(self, name) >= 1, "must be >= 1")
-        for name in ("draft_start", "draft_interval", "seed", "think_spec"):
-            _require(name, getattr(self, name), getattr(self, name) >= 0, "must be >= 0")
+            _require(name, getattr(self, name), 1 <= getattr(self, name) <= MAX_COUNT, f"must be in 1..{MAX_COUNT}")
+        for name in ("draft_start", "draft_interval", "think_spec"):
+            _require(name, getattr(self, name), 0 <= getattr(self, name) <= MAX_COUNT, f"must be in 0..{MAX_COUNT}")
+        _require("seed", self.seed, 0 <= self.seed < 2**63, "must be in 0..2**63-1")
         _require("temperature", self.temperature,
                  math.isfinite(self.temperature) and self.temperature >= 0, "must be a finite number >= 0")
         _require("top_p", self.top_p, 0 < self.top_p <= 1, "must be in (0, 1]")
@@ -94,6 +96,47 @@ class RunConfig:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def coerce(cls, name: str, value):
+        """``value`` (from a form or an API client: a number, a numeric string, a bool) as the type
+        of field ``name``; ValueError naming the field for anything else (NaN, 2.5 for a count...).
+
+        >>> RunConfig.coerce("seed", "7"), RunConfig.coerce("temperature", 1)
+        (7, 1.0)
+        """
+        if name not in cls.field_names():
+            raise ValueError(f"unknown setting {name!r}")
+        kind = type(getattr(cls(), name))
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            raise ValueError(f"{name}={value!r} must be true or false")
+        if kind is str:
+            if isinstance(value, str):
+                return value
+            raise ValueError(f"{name}={value!r} must be a string")
+        return number(name, value, whole=kind is int)
+
+
+def number(name: str, value, whole: bool = False) -> float | int:
+    """A finite number (a whole one with ``whole``) from a number or a numeric string; ValueError
+    naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{name}={value!r} must be a number")
+    if whole and isinstance(value, int):
+        return value
+    try:
+        x = float(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} must be a number") from None
+    if not math.isfinite(x):
+        raise ValueError(f"{name}={value!r} must be a finite number")
+    if whole:
+        if x != int(x):
+            raise ValueError(f"{name}={value!r} must be a whole number")
+        return int(x)
+    return x
 
 
 def _require(name: str, value, ok: bool, why: str) -> None:

@@ -66,7 +66,8 @@ class RunStats:
     drafts: int = 0
     accepted: int = 0
     recovered: int = 0
-    rejected: int = 0  # proposed draft / lookup tokens not taken
+    rejected: int = 0  # draft tokens proposed and never taken (what the Draft pane shows struck through)
+    rejected_lookup: int = 0  # tokens proposed from the prompt, reasoning or answer and not taken
     generated: int = 0  # answer tokens the model picked itself
     forward_calls: int = 0
     tokens_per_s: float = 0.0  # (reasoning + answer tokens) / wall time

@@ -128,6 +128,21 @@ class LoadedModel:
         take_rows(cache, [0, 0], self.device)
         self.forward(torch.tensor([[ids[-1]], [ids[-1]]], device=self.device), cache, len(ids))
 
+    @property
+    def context_length(self) -> int | None:
+        """Positions the model was built for (None if its config does not say)."""
+        return getattr(self.model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+
+    def check_fits(self, prompt_tokens: int, new_tokens: int) -> None:
+        """ValueError, before anything runs, when a run could pass the model's context length."""
+        limit = self.context_length
+        if limit and prompt_tokens + new_tokens > limit:
+            raise ValueError(
+                f"the prompt is {prompt_tokens} tokens and this run may add {new_tokens} more "
+                f"({prompt_tokens + new_tokens} in all), beyond {self.model_id}'s context of {limit} positions: "
+                f"shorten the prompt (at most {max(limit - new_tokens, 0)} tokens with these budgets) or lower "
+                "max_think / max_answer")
+
     def require_markers(self) -> ThinkMarkers:
         if self.markers is None:
             raise SSRUnsupportedError(

@@ -45,6 +45,7 @@ class _Clock(BaseStreamer):
 def decode_hf(lm: LoadedModel, prompt: str, cfg: RunConfig, prompt_lookup: bool = False) -> Iterator[Event]:
     """Yield the events of one ``generate()`` call (``prompt_lookup``: with prompt-lookup decoding)."""
     prompt_ids = lm.prompt_ids(prompt)
+    lm.check_fits(len(prompt_ids), cfg.max_think + cfg.max_answer)
     rec = Recorder(lm.tokenizer, "hf-pld" if prompt_lookup else "hf", len(prompt_ids), lm.device)
     calls = [0]
     hook = lm.model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))

@@ -54,6 +54,7 @@ class MathShepherdScorer:
 
     def start(self, question: str) -> None:
         """A new run: a fresh cache, the question encoded once."""
+        self.lm.begin_run()
         self.model = CachedModel(self.lm)
         # the tokenizer's own start token, if it has one (math-shepherd's Mistral tokenizer adds <s>)
         self.tokens = self.lm.tokenizer.encode(question, add_special_tokens=True)

@@ -26,6 +26,7 @@ class Recorder:
         self.streams: dict[tuple[str, int | None], list[int]] = {}
         self._draft_pieces: dict[int, list[str]] = {}
         self._taken: dict[int, set[int]] = {}
+        self._rejected: dict[int, set[int]] = {}  # draft positions proposed and (so far) never taken
         if device is not None and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
@@ -71,20 +72,21 @@ class Recorder:
     def draft_status(self, draft: int, position: int, status: str, source: str | None = None,
                      match_len: int | None = None) -> TokenEvent | None:
         """A verdict on an existing draft token; None when it would downgrade a taken token."""
-        taken = self._taken.setdefault(draft, set())
+        taken, rejected = self._taken.setdefault(draft, set()), self._rejected.setdefault(draft, set())
         if status == "rejected":
             if position in taken:
                 return None
-            self.stats.rejected += 1
+            rejected.add(position)
         else:
             taken.add(position)
+            rejected.discard(position)
         token_id = self.streams[("draft", draft)][position]
         text = self._draft_pieces[draft][position]
         return TokenEvent("draft", status, token_id, text, position, self.now(), draft, source, match_len)
 
     def rejected_lookup(self, count: int) -> None:
         """Proposed tokens from the prompt, reasoning or answer that were not taken."""
-        self.stats.rejected += count
+        self.stats.rejected_lookup += count
 
     def forward(self, n: int = 1) -> None:
         self.stats.forward_calls += n
@@ -100,6 +102,7 @@ class Recorder:
         self._close_phase()
         self._phase = None
         s = self.stats
+        s.rejected = sum(len(r) for r in self._rejected.values())
         s.wall_s = self.now() if wall_s is None else wall_s
         s.tokens_per_s = (s.reasoning_tokens + s.answer_tokens) / s.wall_s if s.wall_s > 0 else 0.0
         if self.device is not None and self.device.type == "cuda":

@@ -49,6 +49,9 @@ def decode_rsd(target: LoadedModel, draft: LoadedModel | None, scorer, prompt: s
             raise ValueError(f"method {mode!r} needs a draft model")
         check_pair(target, draft)
     prompt_ids = target.prompt_ids(prompt)
+    for lm in (target, draft) if mode != "target" else (target,):
+        lm.check_fits(len(prompt_ids), cfg.max_tokens)
+        lm.begin_run()
     rec = Recorder(target.tokenizer, mode, len(prompt_ids), target.device)
     T = CachedModel(target)
     D = CachedModel(draft) if mode != "target" else None

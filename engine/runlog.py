@@ -47,7 +47,7 @@ import sqlite_utils
 
 from engine.events import DoneEvent, Event, PhaseEvent, RunStats, StepEvent, TokenEvent
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class RunLogError(ValueError):
@@ -112,7 +112,15 @@ def _migrate_3(db: sqlite_utils.Database) -> None:
             db["runs"].add_column(name, kind)
 
 
-MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3}
+def _migrate_4(db: sqlite_utils.Database) -> None:
+    """Version 4: one meaning of "rejected" (draft tokens never taken, as the Draft pane shows);
+    lookup proposals not taken get their own column. Rows written before keep the old mixed count."""
+    for name, kind in _stats_columns().items():
+        if name not in db["runs"].columns_dict:
+            db["runs"].add_column(name, kind)
+
+
+MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4}
 
 
 def _stats_columns() -> dict:
@@ -382,6 +390,7 @@ def _text(events: list[Event], stream: str) -> str:
 def _partial_stats(method: str, events: list[Event]) -> RunStats:
     """Counters of a run that did not finish, from the events it produced."""
     s = RunStats(method=method)
+    draft_status: dict[tuple[int | None, int], str] = {}  # each draft token's latest status
     for ev in events:
         if isinstance(ev, TokenEvent):
             if ev.stream == "reasoning":
@@ -389,7 +398,9 @@ def _partial_stats(method: str, events: list[Event]) -> RunStats:
             elif ev.stream == "answer":
                 s.answer_tokens += 1
                 setattr(s, ev.status, getattr(s, ev.status) + 1)
-            elif ev.status == "generated":
-                s.draft_tokens += 1
+            else:
+                s.draft_tokens += ev.status == "generated"
+                draft_status[(ev.draft, ev.position)] = ev.status
         s.wall_s = max(s.wall_s, ev.t)
+    s.rejected = sum(status == "rejected" for status in draft_status.values())
     return s

@@ -53,8 +53,9 @@ def decode_ssr(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     cfg.check_ssr()
     prompt_ids = lm.prompt_ids(prompt)
     last_fork = min(cfg.draft_start + (cfg.num_drafts - 1) * cfg.draft_interval, cfg.max_think)
-    lm.rope.check_speculation(len(prompt_ids) + len(markers.close_ids) + max(
-        cfg.max_think + cfg.max_answer, last_fork + cfg.max_draft), lm.model_id)
+    new_tokens = len(markers.close_ids) + max(cfg.max_think + cfg.max_answer, last_fork + cfg.max_draft)
+    lm.check_fits(len(prompt_ids), new_tokens)
+    lm.rope.check_speculation(len(prompt_ids) + new_tokens, lm.model_id)
     lm.begin_run()
     rec = Recorder(lm.tokenizer, "ssr", len(prompt_ids), lm.device)
     index = SuffixIndex(cfg.min_match)

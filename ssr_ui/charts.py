@@ -1,11 +1,37 @@
-"""Plotly chart builders: plain functions from numbers (or run-log rows) to figures."""
+"""Plotly chart builders: plain functions from numbers (or run-log rows) to figures.
+
+Every chart uses one colour per method (:data:`COLORS`, the same in the Compare chart and in
+History), puts its legend under the plot (never over the title or a second axis), formats large
+numbers with SI prefixes and three significant digits, and says in a sentence when it has
+nothing to show yet.
+"""
 
 from __future__ import annotations
 
+import json
+
 import plotly.graph_objects as go
 
-COLORS = {"baseline": "#6b7280", "ssr": "#2563eb", "Baseline": "#6b7280", "SSR": "#2563eb",
-          "accepted": "#16a34a", "recovered": "#d97706", "generated": "#9ca3af"}
+METHOD_COLORS = {"baseline": "#6b7280", "ssr": "#2563eb", "rsd": "#9333ea", "target": "#b45309",
+                 "draft": "#0d9488", "hf": "#db2777", "hf-pld": "#65a30d"}
+COLORS = {**METHOD_COLORS, **{k.capitalize(): v for k, v in METHOD_COLORS.items()}, "SSR": "#2563eb",
+          "RSD": "#9333ea", "accepted": "#16a34a", "recovered": "#d97706", "generated": "#9ca3af"}
+LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0)
+
+
+def _layout(fig: go.Figure, title: str, height: int = 320, **kw) -> go.Figure:
+    fig.update_layout(title=dict(text=title, x=0, xanchor="left"), height=height, legend=LEGEND_BELOW,
+                      margin=dict(t=44, b=70, l=56, r=56), **kw)
+    return fig
+
+
+def _empty(fig: go.Figure, sentence: str) -> go.Figure:
+    """A figure with no data says why, instead of showing bare axes."""
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    fig.add_annotation(text=sentence, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                       font=dict(size=13, color="#6b7280"))
+    return fig
 
 
 def latency_bars(latencies: dict[str, float | None]) -> go.Figure:
@@ -13,8 +39,8 @@ def latency_bars(latencies: dict[str, float | None]) -> go.Figure:
     names = [k for k, v in latencies.items() if v is not None]
     fig = go.Figure(go.Bar(x=names, y=[latencies[n] for n in names], marker_color=[COLORS.get(n, "#888") for n in names],
                            text=[f"{latencies[n]:.2f} s" for n in names], textposition="auto"))
-    fig.update_layout(title="Latency on this prompt", yaxis_title="seconds", height=300, margin=dict(t=40, b=30))
-    return fig
+    _layout(fig, "Latency on this prompt", 300, yaxis_title="seconds", showlegend=False)
+    return fig if names else _empty(fig, "No run finished.")
 
 
 def latency_by_method(rows: list[dict]) -> go.Figure:
@@ -22,9 +48,10 @@ def latency_by_method(rows: list[dict]) -> go.Figure:
     fig = go.Figure()
     for method in sorted({r["method"] for r in rows}):
         ys = [r["wall_s"] for r in rows if r["method"] == method and r["status"] == "ok" and r["wall_s"]]
-        fig.add_trace(go.Box(y=ys, name=method, marker_color=COLORS.get(method, "#888"), boxpoints="all"))
-    fig.update_layout(title="Latency by method", yaxis_title="seconds", height=320, margin=dict(t=40, b=30))
-    return fig
+        if ys:
+            fig.add_trace(go.Box(y=ys, name=method, marker_color=COLORS.get(method, "#888"), boxpoints="all"))
+    _layout(fig, "Latency by method", yaxis_title="seconds", showlegend=False)
+    return fig if fig.data else _empty(fig, "No finished runs yet: run something on the Run tab.")
 
 
 def token_composition(rows: list[dict]) -> go.Figure:
@@ -33,29 +60,32 @@ def token_composition(rows: list[dict]) -> go.Figure:
     labels = [f"#{r['id']} {r['method']}" for r in rows]
     fig = go.Figure([go.Bar(name=k, x=labels, y=[r[k] or 0 for r in rows], marker_color=COLORS[k])
                      for k in ("accepted", "recovered", "generated")])
-    fig.update_layout(barmode="stack", title="Answer tokens by origin", height=320, margin=dict(t=40, b=30))
-    return fig
+    _layout(fig, "Answer tokens by origin (latest 40 runs)", barmode="stack", yaxis_title="tokens")
+    return fig if rows else _empty(fig, "No finished runs yet.")
 
 
 def speedup_vs_draft_start(rows: list[dict]) -> go.Figure:
-    """History: SSR latency ratio to the latest earlier baseline of the same prompt and model."""
-    import json  # noqa: PLC0415
+    """History: SSR latency ratio to the median logged baseline of the same prompt and model."""
+    import statistics  # noqa: PLC0415
 
     ok = [r for r in rows if r["status"] == "ok" and r["wall_s"]]
     xs, ys, text = [], [], []
     for r in ok:
         if r["method"] != "ssr":
             continue
-        base = [b for b in ok if b["method"] == "baseline" and b["prompt_hash"] == r["prompt_hash"]
+        base = [b["wall_s"] for b in ok if b["method"] == "baseline" and b["prompt_hash"] == r["prompt_hash"]
                 and b["model"] == r["model"]]
         if base:
             xs.append(json.loads(r["config"]).get("draft_start"))
-            ys.append(r["wall_s"] / base[0]["wall_s"])
-            text.append(f"run #{r['id']}")
-    fig = go.Figure(go.Scatter(x=xs, y=ys, mode="markers", text=text, marker=dict(color=COLORS["ssr"], size=9)))
+            ys.append(r["wall_s"] / statistics.median(base))
+            text.append(f"run #{r['id']} (vs median of {len(base)} baselines)")
+    fig = go.Figure(go.Scatter(x=xs, y=ys, mode="markers", text=text, name="SSR",
+                               marker=dict(color=COLORS["ssr"], size=9)))
+    _layout(fig, "SSR latency / baseline vs draft start", xaxis_title="draft start (reasoning tokens)",
+            yaxis_title="latency ratio", showlegend=False)
+    if not xs:
+        return _empty(fig, "Needs an SSR run and a Baseline run of the same prompt (or use Compare).")
     fig.add_hline(y=1.0, line_dash="dot", line_color="#6b7280")
-    fig.update_layout(title="SSR latency / baseline vs draft start", xaxis_title="draft start (reasoning tokens)",
-                      yaxis_title="latency ratio", height=320, margin=dict(t=40, b=30))
     return fig
 
 
@@ -70,19 +100,18 @@ def sweep_chart(points: list[dict]) -> go.Figure:
                          opacity=0.5, yaxis="y2"))
     fig.add_trace(go.Bar(x=xs, y=[p["recovered"] for p in points], name="recovered", marker_color=COLORS["recovered"],
                          opacity=0.5, yaxis="y2"))
+    _layout(fig, "Draft-start sweep", 360, xaxis_title="draft start (reasoning tokens)", barmode="stack",
+            yaxis=dict(title="latency ratio to baseline"),
+            yaxis2=dict(title="answer tokens from drafts", overlaying="y", side="right"))
+    if not points:
+        return _empty(fig, "No draft start finished.")
     fig.add_hline(y=1.0, line_dash="dot", line_color="#6b7280")
-    fig.update_layout(title="Draft-start sweep", xaxis_title="draft start (reasoning tokens)", barmode="stack",
-                      yaxis=dict(title="latency ratio to baseline"),
-                      yaxis2=dict(title="answer tokens from drafts", overlaying="y", side="right"),
-                      height=360, margin=dict(t=40, b=30))
     return fig
 
 
 def rsd_by_threshold(rows: list[dict]) -> go.Figure:
     """History: RSD runs grouped by threshold: mean accuracy (runs with a reference, e.g. from the
-    bench with --db) and mean FLOPs."""
-    import json  # noqa: PLC0415
-
+    bench with --db) and mean FLOPs against the target's on the same prompts."""
     groups: dict[float, list[dict]] = {}
     for r in rows:
         if r["method"] == "rsd" and r["status"] == "ok":
@@ -91,11 +120,22 @@ def rsd_by_threshold(rows: list[dict]) -> go.Figure:
     acc = [_mean([g["correct"] for g in groups[t] if g["correct"] is not None]) for t in xs]
     flops = [_mean([g["flops"] for g in groups[t]]) for t in xs]
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=xs, y=acc, name="accuracy", mode="lines+markers", marker_color=COLORS["accepted"]))
-    fig.add_trace(go.Scatter(x=xs, y=flops, name="FLOPs", mode="lines+markers", yaxis="y2", marker_color="#6b7280"))
-    fig.update_layout(title="RSD accuracy and FLOPs vs threshold", xaxis_title="threshold",
-                      yaxis=dict(title="accuracy", range=[0, 1.05]),
-                      yaxis2=dict(title="FLOPs", overlaying="y", side="right"), height=320, margin=dict(t=40, b=30))
+    if any(a is not None for a in acc):
+        fig.add_trace(go.Scatter(x=xs, y=acc, name="RSD accuracy", mode="lines+markers", marker_color=COLORS["rsd"]))
+    fig.add_trace(go.Scatter(x=xs, y=flops, name="RSD FLOPs per run", mode="lines+markers", yaxis="y2",
+                             marker_color="#6b7280", line=dict(dash="dash")))
+    _layout(fig, "RSD accuracy and FLOPs vs threshold", xaxis_title="threshold",
+            yaxis=dict(title="accuracy", range=[0, 1.05], tickformat=".0%"),
+            yaxis2=dict(title="FLOPs", overlaying="y", side="right", tickformat=".3s", rangemode="tozero"))
+    fig.update_xaxes(tickformat=".2f")
+    if not xs:
+        return _empty(fig, "No RSD runs yet.")
+    if len(xs) == 1:  # one point: a readable axis around it, not a hair-thin range
+        fig.update_xaxes(range=[xs[0] - 0.1, xs[0] + 0.1])
+    if all(a is None for a in acc):
+        fig.add_annotation(text="accuracy needs runs with a reference answer (engine.bench --db)", x=0, y=1.02,
+                           xref="paper", yref="paper", showarrow=False, xanchor="left",
+                           font=dict(size=11, color="#6b7280"))
     return fig
 
 

@@ -53,7 +53,10 @@ def run_to_html(row: dict, events: list, css: str) -> str:
     view = TraceView()
     for ev in events:
         view.apply(ev)
-    drafts = "".join(f"<h3>Draft {d}</h3>{view.draft_html(d)}" for d in sorted(view.drafts)) or view.draft_html()
+    if view.steps:  # RSD: the rejected steps, each once
+        drafts = view.draft_html()
+    else:
+        drafts = "".join(f"<h3>Draft {d}</h3>{view.draft_html(d)}" for d in sorted(view.drafts)) or view.draft_html()
     facts = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(row.get(k)))}</td></tr>"
                     for k in ("method", "model", "status", "wall_s", "ttft_s", "reasoning_tokens", "answer_tokens",
                               "accepted", "recovered", "generated", "rejected", "config"))

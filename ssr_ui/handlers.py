@@ -1,19 +1,30 @@
 """Plain-function handlers behind the studio, testable without a server.
 
-:class:`Studio` holds the lazily loaded models (cached between runs, one lock so that browser
-tabs queue for the model), the run log, and the streaming ``run`` handler: it consumes an
-engine event stream, logs it, and yields pane HTML at most ``UPDATES_PER_S`` times a second.
+:class:`Studio` holds the lazily loaded models (cached between runs), the run log, the job
+registry and the streaming ``run`` handler: it consumes an engine event stream, logs it, and
+yields pane HTML at most ``UPDATES_PER_S`` times a second.
+
+Limits, each stated in the UI and the API docs: a model loads outside the run lock (other runs go
+on meanwhile) and gives up after ``load_timeout`` seconds; one run at a time uses the model (the
+others wait, saying so); a run stops after ``max_run_s`` seconds; a prompt must fit the model's
+context with the run's budgets (``LoadedModel.check_fits``); every setting is validated
+(``RunConfig.coerce``) before anything runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import html
+import logging
+import statistics
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
-from engine.config import RunConfig
+from engine.config import RunConfig, number
+from engine.events import RunStats
 from engine.methods import decoder
 from engine.model import LoadedModel, ModelLoadError, SSRUnsupportedError, load_model
 from engine.presets import recommended_settings
@@ -22,13 +33,18 @@ from engine.rsd import check_pair
 from engine.runlog import RunLog, RunLogError, RunMeta, prompt_hash
 from ssr_ui import charts
 from ssr_ui.jobs import Job, Jobs
-from ssr_ui.render import TraceView, error_html, metrics_html
+from ssr_ui.render import CSS, TraceView, error_html, metrics_html
+
+log = logging.getLogger(__name__)
 
 UPDATES_PER_S = 12  # at most; long traces update less often (see _interval)
 METHOD_NAMES = {"Baseline": "baseline", "SSR": "ssr", "RSD": "rsd"}
 MODES = ("Baseline", "SSR", "RSD", "Compare")
 DEFAULT_DRAFT, DEFAULT_PRM = "tiny-reasoner-draft", "tiny-prm"
 COMPARE_SHOWS = "SSR"  # the run whose panes a finished comparison shows first
+LOAD_TIMEOUT_S = 600.0  # a model that takes longer to load is given up on (the UI says so)
+MAX_RUN_S = 900.0  # a run still going after this long is stopped (logged cancelled, shown why)
+RSD_MOSTLY_REWRITTEN = 0.5  # above this share of rejected draft steps, RSD's panes say why it is slow
 
 
 @dataclass
@@ -43,10 +59,16 @@ class Frame:
     chart: object = None
     view: TraceView | None = None  # the run as folded so far (lets the UI re-render one draft)
     runs: dict[str, Frame] | None = None  # after Compare: each run's final frame, by mode name
+    prompt: str = ""  # a past run's prompt (History)
 
     @classmethod
     def of(cls, view: TraceView, metrics: str, chart=None) -> Frame:
         return cls(view.reasoning_html(), view.draft_html(), view.answer_html(), metrics, chart, view)
+
+    @classmethod
+    def note(cls, message: str) -> Frame:
+        """Empty panes and a status line (loading, waiting)."""
+        return cls.of(TraceView(), f'<div class="metrics status">{html.escape(message)}</div>')
 
     def as_tuple(self):
         return self.reasoning, self.draft, self.answer, self.metrics, self.chart
@@ -61,33 +83,61 @@ def _interval(view: TraceView) -> float:
 
 class Studio:
     def __init__(self, model: str | None = None, db: str = "runs.db", device: str | None = None,
-                 draft_model: str = DEFAULT_DRAFT, prm: str = DEFAULT_PRM) -> None:
+                 draft_model: str = DEFAULT_DRAFT, prm: str = DEFAULT_PRM, load_timeout: float = LOAD_TIMEOUT_S,
+                 max_run_s: float = MAX_RUN_S) -> None:
         self.default_model = model or "tiny-reasoner"
         self.default_draft, self.default_prm = draft_model, prm
         self.device = device
+        self.load_timeout, self.max_run_s = load_timeout, max_run_s
         self.log = RunLog(db)
         self.jobs = Jobs()
         self._models: dict[str, LoadedModel] = {}
         self._scorers: dict[str, object] = {}
         self._lock = threading.Lock()  # one run on the model at a time
+        self._load_lock = threading.Lock()  # one load at a time, outside the run lock
+
+    def _loaded(self, key: str, cache: dict, load):
+        """``cache[key]``, loading it (outside the run lock, within ``load_timeout``) if needed."""
+        with self._load_lock:
+            if key not in cache:
+                out: dict = {}
+
+                def work():
+                    try:
+                        out["value"] = load()
+                    except Exception as err:  # handed to the caller's thread below
+                        out["error"] = err
+
+                worker = threading.Thread(target=work, name=f"load {key}", daemon=True)
+                worker.start()
+                worker.join(self.load_timeout)
+                if worker.is_alive():
+                    raise ModelLoadError(f"loading {key!r} took longer than {self.load_timeout:.0f} s; gave up (the "
+                                         "Hub may be slow or unreachable; --load-timeout sets the limit)")
+                if "error" in out:
+                    raise out["error"]
+                cache[key] = out["value"]
+            return cache[key]
 
     def model(self, name: str) -> LoadedModel:
         name = (name or self.default_model).strip()
-        if name not in self._models:
+
+        def load():
             lm = load_model(name, device=self.device)
             lm.warm_up()
-            self._models[name] = lm
-        return self._models[name]
+            return lm
+
+        return self._loaded(name, self._models, load)
 
     def scorer(self, name: str):
         name = (name or self.default_prm).strip()
-        if name not in self._scorers:
-            self._scorers[name] = make_scorer(name, self.device)
-        return self._scorers[name]
+        return self._loaded(name, self._scorers, lambda: make_scorer(name, self.device))
 
     def config(self, model_name: str, **settings) -> RunConfig:
-        """The run's config: the model's recommended settings under what the user set."""
-        return RunConfig(**{**recommended_settings(model_name or self.default_model), **settings})
+        """The run's config: the model's recommended settings under what the user set (values as a
+        form or an API client sends them; ValueError naming the field when one is not valid)."""
+        given = {k: RunConfig.coerce(k, v) for k, v in settings.items() if v is not None}
+        return RunConfig(**{**recommended_settings(model_name or self.default_model), **given})
 
     # ------------------------------------------------------------------ the streaming handler
     def run(self, prompt: str, method: str = "SSR", model_name: str = "", draft_model: str = "",
@@ -97,49 +147,63 @@ class Studio:
         cancelled stops the run at its next event (logged ``cancelled``, shown "stopped"); one
         cancelled before it started runs nothing and logs nothing."""
         job = job or Job(None, None)
-        view = TraceView()
         if job.cancelled:
             return
         try:
-            if not prompt or not prompt.strip():
-                raise ValueError("type a prompt first")
-            if method not in MODES:
-                raise ValueError(f"unknown method {method!r}; choose one of {', '.join(MODES)}")
-            cfg = self.config(model_name, **settings)
-            if method in ("SSR", "Compare"):
-                cfg.check_ssr()
-            yield Frame.of(view, '<div class="metrics">loading the model…</div>')
-            with self._lock:
-                lm = self.model(model_name)
-                runs = ["Baseline", "SSR", "RSD"] if method == "Compare" else [method]
-                rsd = {}
-                if "RSD" in runs:
-                    draft_model, prm = draft_model or self.default_draft, prm or self.default_prm
-                    rsd = {"draft": self.model(draft_model), "scorer": self.scorer(prm),
-                           "draft_name": draft_model, "prm_name": prm}
-                    check_pair(lm, rsd["draft"])
-                finals = {}
-                for name in runs:
-                    if job.cancelled:
-                        break
-                    view = TraceView()
-                    yield from self._stream(lm, prompt, name, cfg, view, rsd, job)
-                    finals[name] = last = self._frame(view, name, lm, prompt, cfg, final=True)
-                if not finals:  # stopped while the model loaded: nothing ran, nothing logged
-                    yield Frame.of(TraceView(phase="stopped"), metrics_html(TraceView(phase="stopped"), method))
-                    return
-                if method != "Compare" or job.cancelled:
-                    yield dataclasses.replace(last, runs=finals if len(finals) > 1 else None)
-                    return
-                latencies = {name: f.view.stats.wall_s if f.view.stats else None for name, f in finals.items()}
-                yield dataclasses.replace(finals[COMPARE_SHOWS], chart=charts.latency_bars(latencies), runs=finals)
+            yield from self._run(prompt, method, model_name, draft_model, prm, job, settings)
         except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
-            yield Frame.of(view, error_html(str(err)))
+            yield Frame.of(TraceView(phase="error"), error_html(str(err)))
+        except Exception as err:  # the page never shows a bare "Error": say what broke, keep the app up
+            log.exception("run failed")
+            yield Frame.of(TraceView(phase="error"), error_html(f"the run failed: {type(err).__name__}: {err}"))
 
-    def _stream(self, lm, prompt, name, cfg, view, rsd: dict | None = None, job: Job | None = None) -> Iterator[Frame]:
-        """Run one method into ``view``, yielding throttled frames. A cancelled ``job`` stops it
-        (the engine stream is closed, so the run is logged ``cancelled``); a run log that cannot
-        be written leaves the run on screen with a "not saved" notice."""
+    def _run(self, prompt, method, model_name, draft_model, prm, job: Job, settings: dict) -> Iterator[Frame]:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("type a prompt first")
+        if method not in MODES:
+            raise ValueError(f"unknown method {method!r}; choose one of {', '.join(MODES)}")
+        cfg = self.config(model_name, **settings)
+        if method in ("SSR", "Compare"):
+            cfg.check_ssr()
+        runs = ["Baseline", "SSR", "RSD"] if method == "Compare" else [method]
+        model_name = (model_name or self.default_model).strip()
+        yield Frame.note(f"loading {model_name}…")
+        lm = self.model(model_name)
+        rsd = {}
+        if "RSD" in runs:
+            draft_model, prm = (draft_model or self.default_draft).strip(), (prm or self.default_prm).strip()
+            yield Frame.note(f"loading the draft model {draft_model} and the PRM {prm}…")
+            rsd = {"draft": self.model(draft_model), "scorer": self.scorer(prm), "draft_name": draft_model,
+                   "prm_name": prm}
+            check_pair(lm, rsd["draft"])
+        if not self._lock.acquire(blocking=False):
+            yield Frame.note("waiting for the model: another run is using it…")
+            self._lock.acquire()
+        try:
+            deadline = time.perf_counter() + self.max_run_s
+            finals = {}
+            for name in runs:
+                if job.cancelled:
+                    break
+                view = TraceView(method=METHOD_NAMES[name], think_end=_think_end(lm))
+                yield from self._stream(lm, prompt, name, cfg, view, rsd, job, deadline)
+                finals[name] = last = self._frame(view, name, lm, prompt, cfg, final=True)
+        finally:
+            self._lock.release()
+        if not finals:  # stopped before anything ran: nothing logged
+            yield Frame.of(TraceView(phase="stopped"), metrics_html(TraceView(phase="stopped"), method))
+            return
+        if method != "Compare" or len(finals) < len(runs):
+            yield dataclasses.replace(last, runs=finals if len(finals) > 1 else None)
+            return
+        latencies = {name: f.view.stats.wall_s if f.view.stats else None for name, f in finals.items()}
+        yield dataclasses.replace(finals[COMPARE_SHOWS], chart=charts.latency_bars(latencies), runs=finals)
+
+    def _stream(self, lm, prompt, name, cfg, view, rsd: dict | None = None, job: Job | None = None,
+                deadline: float | None = None) -> Iterator[Frame]:
+        """Run one method into ``view``, yielding throttled frames. A cancelled ``job`` or the
+        ``deadline`` stops it (the engine stream is closed, so the run is logged ``cancelled``); a
+        run log that cannot be written leaves the run on screen with a "not saved" notice."""
         method = METHOD_NAMES[name]
         if method == "ssr":
             lm.require_markers()
@@ -153,10 +217,12 @@ class Studio:
             try:
                 for ev in events:
                     view.apply(ev)
-                    if job is not None and job.cancelled:
-                        view.phase = "stopped"
-                        break
                     now = time.perf_counter()
+                    if (job is not None and job.cancelled) or (deadline is not None and now > deadline):
+                        view.phase = "stopped"
+                        if not (job is not None and job.cancelled):
+                            view.notice = f"stopped after {self.max_run_s:.0f} s, the limit per run (--max-run-seconds)"
+                        break
                     if now - last >= _interval(view):
                         last = now
                         yield self._frame(view, name, lm, prompt, cfg)
@@ -165,8 +231,13 @@ class Studio:
         except RunLogError as err:
             view.notice = f"not saved: {err}"
         if self.log.notice and not view.notice:
-            view.notice = self.log.notice
-            self.log.notice = None
+            view.notice, self.log.notice = self.log.notice, None
+        s = view.stats
+        if method == "rsd" and s and s.steps_rejected > RSD_MOSTLY_REWRITTEN * (s.steps_accepted + s.steps_rejected):
+            view.notice = view.notice or (
+                f"the PRM rejected {s.steps_rejected} of {s.steps_accepted + s.steps_rejected} draft steps, so the "
+                f"target rewrote most of them: RSD pays off only where the draft model ({rsd.get('draft_name')}) is "
+                "usually right (the bundled draft knows arithmetic prompts only)")
 
     def _frame(self, view, name, lm, prompt, cfg, final=False, chart=None) -> Frame:
         compare = None
@@ -178,17 +249,18 @@ class Studio:
         return Frame.of(view, metrics_html(view, name, compare), chart)
 
     def compare_to_baseline(self, view: TraceView, model_id: str, prompt: str, cfg: RunConfig) -> dict | None:
-        """Latency ratio to the latest baseline run of the same prompt and model, and (greedy)
-        whether the answer is identical."""
+        """Latency ratio to the median of the logged baseline runs of the same prompt, model and
+        budgets (``baselines`` says how many), and (greedy) whether the answer equals the latest."""
         if view.done is None:
             return None
+        budgets = {k: cfg.to_dict()[k] for k in ("max_think", "max_answer")}
         rows = [r for r in self.log.runs(limit=50, method="baseline", prompt_hash=prompt_hash(prompt), model=model_id)
-                if r["status"] == "ok"]
-        if not rows or not rows[0]["wall_s"]:
+                if r["status"] == "ok" and r["wall_s"] and _config_has(r, budgets)]
+        if not rows:
             return None
-        base = rows[0]
-        identical = view.done.answer_text == base["answer_text"] if cfg.greedy else None
-        return {"ratio": view.done.stats.wall_s / base["wall_s"], "identical": identical}
+        identical = view.done.answer_text == rows[0]["answer_text"] if cfg.greedy else None
+        return {"ratio": view.done.stats.wall_s / statistics.median(r["wall_s"] for r in rows), "identical": identical,
+                "baselines": len(rows)}
 
     def sweep(self, prompt: str, model_name: str = "", start: int = 0, stop: int = 200, step: int = 20,
               job: Job | None = None, **settings) -> Iterator[tuple[str, object]]:
@@ -199,14 +271,15 @@ class Studio:
         try:
             if not prompt or not prompt.strip():
                 raise ValueError("type a prompt first")
+            start, stop, step = (number(n, v, whole=True) for n, v in (("from", start), ("to", stop), ("step", step)))
             if step < 1 or start < 0 or stop < start:
                 raise ValueError(f"sweep range {start}..{stop} step {step} is empty or negative")
             starts = list(range(int(start), int(stop) + 1, int(step)))
             if len(starts) > 50:
                 raise ValueError(f"{len(starts)} draft starts is too many for one sweep (at most 50)")
             configs = [self.config(model_name, **{**settings, "draft_start": d}).check_ssr() for d in starts]
+            lm = self.model(model_name)
             with self._lock:
-                lm = self.model(model_name)
                 base = TraceView()
                 for _ in self._stream(lm, prompt, "Baseline", configs[0], base, job=job):
                     pass
@@ -239,7 +312,6 @@ class Studio:
         """Write run ``run_id`` (``kind`` "json" or "html") or the runs table ("csv") to a file in
         a temporary folder; returns its path."""
         import tempfile  # noqa: PLC0415
-        from pathlib import Path  # noqa: PLC0415
 
         from ssr_ui.export import run_to_html, run_to_json, runs_to_csv  # noqa: PLC0415
 
@@ -248,14 +320,13 @@ class Studio:
             path = folder / "runs.csv"
             path.write_text(runs_to_csv(self.log.runs(limit=100_000)), encoding="utf-8")
             return str(path)
-        if run_id is None:
+        if run_id is None or run_id == "":
             raise ValueError("enter a run id from the table first")
-        row, events = self.log.run(int(run_id)), self.log.events(int(run_id))
+        run_id = number("run id", run_id, whole=True)
+        row, events = self.log.run(run_id), self.log.events(run_id)
         if kind == "json":
             text = run_to_json(row, events)
         elif kind == "html":
-            from ssr_ui.layout import CSS  # noqa: PLC0415
-
             text = run_to_html(row, events, CSS)
         else:
             raise ValueError(f"unknown export format {kind!r}")
@@ -265,8 +336,6 @@ class Studio:
 
     def import_trace(self, path: str) -> Frame:
         """Render a JSON trace file exported from any studio."""
-        from pathlib import Path  # noqa: PLC0415
-
         from ssr_ui.export import run_from_json  # noqa: PLC0415
 
         try:
@@ -274,17 +343,56 @@ class Studio:
         except (OSError, UnicodeDecodeError) as err:
             raise ValueError(f"cannot read {Path(path).name}: {err}") from None
         row, events = run_from_json(text)
-        view = TraceView()
+        return self._past(row, events)
+
+    def replay(self, run_id) -> Frame:
+        """Re-render a past run from its logged events."""
+        if run_id is None or run_id == "":
+            raise ValueError("enter a run id from the table")
+        run_id = number("run id", run_id, whole=True)
+        return self._past(self.log.run(run_id), self.log.events(run_id))
+
+    def _past(self, row: dict, events: list) -> Frame:
+        """A logged or imported run as the Run tab showed it: panes, every metric, the vs-baseline ratio."""
+        view = TraceView(method=str(row.get("method", "")))
         for ev in events:
             view.apply(ev)
-        view.phase = str(row.get("status", "imported"))
-        return Frame.of(view, metrics_html(view, str(row.get("method", "?"))))
+        fields = {k: row[k] for k in RunStats.field_names() if row.get(k) is not None}
+        view.stats = RunStats(**fields)
+        view.phase = {"ok": "done", "cancelled": "stopped"}.get(row.get("status"), str(row.get("status", "imported")))
+        compare = None
+        if row.get("method") not in (None, "baseline") and view.stats.wall_s and row.get("prompt"):
+            config = row.get("config")
+            cfg = RunConfig(**{k: v for k, v in (config if isinstance(config, dict) else _json(config)).items()
+                               if k in RunConfig.field_names()})
+            view.done = _Done(view.stats, row.get("answer_text") or "")
+            compare = self.compare_to_baseline(view, str(row.get("model")), row["prompt"], cfg)
+        frame = Frame.of(view, metrics_html(view, str(row.get("method", "?")), compare))
+        return dataclasses.replace(frame, prompt=str(row.get("prompt", "")))
 
-    def replay(self, run_id: int) -> Frame:
-        """Re-render a past run from its logged events."""
-        view = TraceView()
-        row = self.log.run(int(run_id))
-        for ev in self.log.events(int(run_id)):
-            view.apply(ev)
-        view.phase = row["status"]
-        return Frame.of(view, metrics_html(view, row["method"]))
+
+@dataclass
+class _Done:
+    """What compare_to_baseline reads of a finished run."""
+
+    stats: RunStats
+    answer_text: str
+
+
+def _json(text) -> dict:
+    import json  # noqa: PLC0415
+
+    try:
+        doc = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _config_has(row: dict, values: dict) -> bool:
+    config = _json(row.get("config"))
+    return all(config.get(k) == v for k, v in values.items())
+
+
+def _think_end(lm: LoadedModel) -> str | None:
+    return lm.tokenizer.decode([lm.markers.close_id]) if lm.markers else None

@@ -13,8 +13,8 @@ So the studio keeps its own registry, keyed by Gradio's event id (one per submit
   logs ``cancelled`` and shows "stopped"; a job still queued returns at once when its turn comes,
   runs nothing and logs nothing (the choice documented in docs/STUDIO.md). It also reads the
   replies to ``POST .../queue/join``, so it knows each session's jobs before they start: a client
-  that cancels before it has learnt its job's id (``gradio_client`` then sends no id) cancels
-  its session's newest unfinished job.
+  that cancels before it has learnt its job's id (``gradio_client`` then sends no id) cancels the
+  job whose join is still in flight for that session, else its session's newest unfinished job.
 * :meth:`Jobs.start` refuses a second start of the same job, so no job is ever run twice.
 * The studio's own Stop button marks every job of its browser session (:meth:`Jobs.cancel_session`).
 """
@@ -55,6 +55,8 @@ class Jobs:
         self._lock = threading.Lock()
         self._jobs: OrderedDict[str, Job] = OrderedDict()  # every job seen, by event id (bounded)
         self._started: set[str] = set()
+        self._joining: dict[str | None, int] = {}  # per session: join requests not yet answered
+        self._pending: dict[str | None, int] = {}  # per session: id-less cancels for those joins
 
     def _job(self, event_id: str, session: str | None = None) -> Job:
         job = self._jobs.get(event_id)
@@ -77,10 +79,21 @@ class Jobs:
             self._started.add(event_id)
             return self._job(event_id, session)
 
-    def joined(self, event_id: str, session: str | None) -> None:
-        """A job entered the queue (seen in the reply to its join request)."""
+    def joining(self, session: str | None) -> None:
+        """A join request of this session arrived; its job id comes with the reply."""
         with self._lock:
-            self._job(event_id, session)
+            self._joining[session] = self._joining.get(session, 0) + 1
+
+    def joined(self, event_id: str | None, session: str | None) -> None:
+        """The reply to a join request: the job (if any) entered the queue."""
+        with self._lock:
+            self._joining[session] = max(self._joining.get(session, 0) - 1, 0)
+            if not event_id:
+                return
+            job = self._job(event_id, session)
+            if self._pending.get(session):
+                self._pending[session] -= 1
+                job.cancel.set()
 
     @contextlib.contextmanager
     def running(self, event_id: str | None, session: str | None) -> Iterator[Job | None]:
@@ -98,6 +111,9 @@ class Jobs:
         with self._lock:
             if event_id:
                 self._job(event_id).cancel.set()
+                return
+            if self._joining.get(session, 0) > self._pending.get(session, 0):  # its job has no id yet
+                self._pending[session] = self._pending.get(session, 0) + 1
                 return
             newest = [j for j in self._jobs.values() if j.session == session and not (j.finished or j.cancelled)]
             if newest:
@@ -140,22 +156,27 @@ class CancelRoute:
     async def _join(self, scope, receive, send) -> None:
         raw = await _read(receive)
         session = _json(raw).get("session_hash")
-        reply = b""
+        self.jobs.joining(session)
+        reply, answered = b"", False
 
         async def replay():  # the request body, once more, for Gradio
             return {"type": "http.request", "body": raw, "more_body": False}
 
         async def watch(message):
-            nonlocal reply
+            nonlocal reply, answered
             if message["type"] == "http.response.body":
                 reply += message.get("body", b"")
                 if not message.get("more_body"):
                     event_id = _json(reply).get("event_id")
-                    if isinstance(event_id, str):
-                        self.jobs.joined(event_id, session)
+                    answered = True
+                    self.jobs.joined(event_id if isinstance(event_id, str) else None, session)
             await send(message)
 
-        await self.app(scope, replay, watch)
+        try:
+            await self.app(scope, replay, watch)
+        finally:
+            if not answered:  # the join failed before replying: it is no longer in flight
+                self.jobs.joined(None, session)
 
 
 async def _read(receive) -> bytes:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from engine.events import DoneEvent, PhaseEvent, RunStats, StepEvent, TokenEvent
 
+CSS = (Path(__file__).resolve().parents[1] / "assets" / "studio.css").read_text()
 STATUS_LABEL = {"generated": "generated", "accepted": "accepted", "recovered": "suffix-recovered",
                 "rejected": "rejected"}
 
@@ -30,18 +32,21 @@ class Tok:
     def verdict(self, status: str, source: str | None, match_len: int | None) -> None:
         self.status, self.source, self.match_len, self._html = status, source, match_len, None
 
-    def span(self) -> str:
+    def span(self, text: str | None = None) -> str:
+        """The token as a coloured span with its tooltip; ``text`` replaces what it shows."""
+        if text is not None:
+            return self._render(text)
         if self._html is None:
-            self._html = self._render()
+            self._html = self._render(self.text)
         return self._html
 
-    def _render(self) -> str:
+    def _render(self, text: str) -> str:
         tip = f"id {self.token_id} · {STATUS_LABEL[self.status]}"
         if self.source:
             where = f"draft {self.draft}" if self.source == "draft" and self.draft is not None else self.source
             tip += f" · from {where}" + (f" (match {self.match_len})" if self.match_len else "")
         tip += f" · {self.t:.2f}s"
-        return f'<span class="tok st-{self.status}" title="{html.escape(tip)}">{html.escape(self.text)}</span>'
+        return f'<span class="tok st-{self.status}" title="{html.escape(tip)}">{html.escape(text)}</span>'
 
 
 @dataclass
@@ -58,6 +63,8 @@ class TraceView:
     done: DoneEvent | None = None
     steps: list[StepEvent] = field(default_factory=list)  # RSD: settled steps, rejected drafts first
     step_starts: dict[tuple[str, int], StepEvent] = field(default_factory=dict)  # (stream, first token) -> step
+    method: str = ""  # "baseline", "ssr", "rsd", ... (what the Draft pane can expect)
+    think_end: str | None = None  # the end-of-thinking marker's text, shown as a badge, not raw
     notice: str | None = None  # something the user must know about this run (e.g. "not saved: ...")
     _next_step_at: tuple[str, int] = ("reasoning", 0)  # where the next kept step begins
 
@@ -98,7 +105,10 @@ class TraceView:
                 if at == i:
                     spans.append(f'<span class="fork" title="draft {d} forked here">▼ draft {d}</span>')
             spans += self._step_badge("reasoning", i)
-            spans.append(tok.span())
+            if tok.text and tok.text == self.think_end and i == len(self.reasoning) - 1:
+                spans.append(tok.span("").replace("</span>", '<span class="think-end">end of thinking</span></span>'))
+            else:
+                spans.append(tok.span())
         for d, at in forks:
             if at >= len(self.reasoning):
                 spans.append(f'<span class="fork" title="draft {d} forked here">▼ draft {d}</span>')
@@ -116,22 +126,30 @@ class TraceView:
         if self.steps:  # RSD: every rejected draft step, with the score that rejected it
             rejected = [s for s in self.steps if s.accepted is False]
             if not rejected:
-                return _pane([], "No draft step rejected so far.")
+                return _pane([], "No draft step was rejected." if self.finished else "No draft step rejected so far.")
             return "".join(f'<div class="pane-note">step {s.index} · PRM score {s.reward:.2f} · rewritten by the '
-                           f'target</div>' + _pane([t.span() for t in self.drafts.get(s.index, [])], "")
+                           f'target</div>' + _pane(_trimmed(self.drafts.get(s.index, [])), "")
                            for s in rejected)
         if not self.drafts:
+            if self.method in ("baseline", "target", "draft", "hf", "hf-pld"):
+                return _pane([], "Plain decoding writes no draft.")
+            if self.finished:
+                return _pane([], "No draft was written: the reasoning ended before the draft-start token.")
             return _pane([], "No draft yet: a draft forks at the draft-start token of the reasoning.")
         which = max(self.drafts) if which is None or which not in self.drafts else which
         head = f'<div class="pane-note">draft {which} · forked after {self.draft_forks.get(which, 0)} reasoning tokens</div>'
-        return head + _pane([t.span() for t in self.drafts[which]], "The draft is starting.")
+        return head + _pane(_trimmed(self.drafts[which]), "The draft is starting.")
 
     def answer_html(self) -> str:
-        spans = []
-        for i, tok in enumerate(self.answer):
+        spans, shown = [], _trimmed(self.answer)
+        for i, span in enumerate(shown):
             spans += self._step_badge("answer", i)
-            spans.append(tok.span())
+            spans.append(span)
         return _pane(spans, "The answer appears when the reasoning ends.")
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("done", "stopped", "cancelled", "error", "ok")
 
     def counts(self) -> dict[str, int]:
         out = {s: 0 for s in ("accepted", "recovered", "generated")}
@@ -141,6 +159,19 @@ class TraceView:
         out["steps_kept"] = sum(s.source == "draft" and s.accepted is True for s in self.steps)
         out["steps_rewritten"] = sum(s.accepted is False for s in self.steps)
         return out
+
+
+def _trimmed(tokens: list[Tok]) -> list[str]:
+    """Spans of ``tokens`` without the blank lines a template puts before an answer (the tokens
+    stay, with their colours and tooltips; only their leading whitespace is not shown)."""
+    spans, leading = [], True
+    for tok in tokens:
+        if leading and not tok.text.strip():
+            spans.append(tok.span(""))
+            continue
+        spans.append(tok.span(tok.text.lstrip()) if leading else tok.span())
+        leading = False
+    return spans
 
 
 def _pane(spans: list[str], empty: str) -> str:
@@ -182,13 +213,20 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         items.append(("FLOPs", f"{view.stats.flops:.3g}"))
     if view.stats and view.stats.ttft_s is not None:
         items.insert(3, ("first answer token", f"{view.stats.ttft_s:.2f} s"))
+    if view.stats and view.stats.rejected_lookup:
+        items.append(("lookup misses", str(view.stats.rejected_lookup)))
     if compare:
-        items.append(("vs baseline", f"{compare['ratio']:.2f}x latency"))
+        n = compare.get("baselines", 1)
+        items.append(("vs baseline", f"{compare['ratio']:.2f}x latency" + (f" (median of {n})" if n > 1 else "")))
         if compare.get("identical") is not None:
             items.append(("same answer", "✔" if compare["identical"] else "✘ differs"))
     cells = "".join(f'<div class="metric"><div class="k">{k}</div><div class="v">{v}</div></div>' for k, v in items)
     note = f'<div class="metrics-notice">⚠ {html.escape(view.notice)}</div>' if view.notice else ""
     return f'<div class="metrics">{cells}</div>{note}'
+
+
+def prompt_html(prompt: str) -> str:
+    return f'<div class="prompt-box"><b>Prompt</b> {html.escape(prompt)}</div>' if prompt else ""
 
 
 def error_html(message: str) -> str:
