@@ -130,8 +130,10 @@ class LoadedModel:
 
     @property
     def context_length(self) -> int | None:
-        """Positions the model was built for (None if its config does not say)."""
-        return getattr(self.model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+        """Positions the model was built for (None if its config does not say); dynamic NTK RoPE
+        is meant to run past ``max_position_embeddings`` by its scaling factor."""
+        limit = getattr(self.model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+        return int(limit * self.rope.factor) if limit and self.rope.kind == "dynamic" else limit
 
     def check_fits(self, prompt_tokens: int, new_tokens: int) -> None:
         """ValueError, before anything runs, when a run could pass the model's context length."""

@@ -256,7 +256,9 @@ class RunLog:
     # ------------------------------------------------------------------ writing
     def record(self, events: Iterable[Event], meta: RunMeta) -> Iterator[Event]:
         """Pass ``events`` through unchanged and log the run when it ends: ``ok`` when the stream
-        finishes, ``cancelled`` when the consumer stops early, ``error`` when it raises."""
+        finishes, ``cancelled`` when the consumer stops early, ``error`` when it raises. A stream
+        that refuses its input (a ``ValueError`` before its first event: a prompt too long for the
+        model, a setting out of range) never ran, and is not logged."""
         seen: list[Event] = []
         try:
             for ev in events:
@@ -265,8 +267,9 @@ class RunLog:
         except GeneratorExit:
             self.save(meta, seen, "cancelled")
             raise
-        except Exception as err:  # logged, then re-raised for the caller to report
-            self.save(meta, seen, "error", f"{type(err).__name__}: {err}")
+        except Exception as err:  # logged (unless a refusal before anything ran), then re-raised
+            if seen or not isinstance(err, ValueError):
+                self.save(meta, seen, "error", f"{type(err).__name__}: {err}")
             raise
         else:
             self.save(meta, seen, "ok" if seen and isinstance(seen[-1], DoneEvent) else "cancelled")

@@ -29,6 +29,7 @@ def _empty(fig: go.Figure, sentence: str) -> go.Figure:
     """A figure with no data says why, instead of showing bare axes."""
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
+    fig.update_layout(plot_bgcolor="white")
     fig.add_annotation(text=sentence, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
                        font=dict(size=13, color="#6b7280"))
     return fig
@@ -105,6 +106,9 @@ def sweep_chart(points: list[dict]) -> go.Figure:
             yaxis2=dict(title="answer tokens from drafts", overlaying="y", side="right"))
     if not points:
         return _empty(fig, "No draft start finished.")
+    if len(xs) == 1:  # one point: a readable axis around it, not one bar across the plot
+        fig.update_xaxes(range=[xs[0] - 10, xs[0] + 10])
+    fig.update_xaxes(tickformat="d")
     fig.add_hline(y=1.0, line_dash="dot", line_color="#6b7280")
     return fig
 

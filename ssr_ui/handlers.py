@@ -283,14 +283,14 @@ class Studio:
                 base = TraceView()
                 for _ in self._stream(lm, prompt, "Baseline", configs[0], base, job=job):
                     pass
-                points = []
+                points, view = [], base
                 for d, cfg in zip(starts, configs):
                     if job.cancelled:
                         break
                     view = TraceView()
                     for _ in self._stream(lm, prompt, "SSR", cfg, view, job=job):
                         pass
-                    if job.cancelled:
+                    if view.phase == "stopped":  # a run that finished before the stop still counts
                         break
                     s = view.stats
                     points.append({"draft_start": d, "ratio": s.wall_s / base.stats.wall_s, "accepted": s.accepted,
@@ -298,8 +298,9 @@ class Studio:
                     yield (f'<div class="metrics">sweep: {len(points)} / {len(starts)} draft starts done</div>',
                            charts.sweep_chart(points))
                 if job.cancelled:
-                    yield (f'<div class="metrics">sweep stopped after {len(points)} of {len(starts)} draft starts '
-                           '(the run in flight is logged as cancelled)</div>', charts.sweep_chart(points))
+                    in_flight = " (the run in flight is logged as cancelled)" if view.phase == "stopped" else ""
+                    yield (f'<div class="metrics">sweep stopped after {len(points)} of {len(starts)} draft '
+                           f'starts{in_flight}</div>', charts.sweep_chart(points))
         except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
             yield error_html(str(err)), None
 

@@ -153,7 +153,7 @@ def build_app(studio: Studio) -> gr.Blocks:
             table = gr.Dataframe(headers=list(HISTORY_COLUMNS.values()), interactive=False, wrap=False,
                                  elem_classes="history-table", label="runs")
             with gr.Row():
-                run_id = _as_sent(gr.Number(label="Run id", precision=0, value=None, placeholder="a run id from the table"))
+                run_id = gr.Textbox(label="Run id", placeholder="a run id from the table", max_lines=1)
                 show = gr.Button("Show this run")
                 export_json = gr.Button("Export JSON")
                 export_html = gr.Button("Export HTML")
@@ -265,8 +265,7 @@ def build_app(studio: Studio) -> gr.Blocks:
         # ------------------------------------------------------------------ wiring: history
         def load_history(method_name):
             rows = studio.history(method_name)
-            table_rows = [[round(v, 3) if isinstance(v, float) else v for v in (r.get(c) for c in HISTORY_COLUMNS)]
-                          for r in rows]
+            table_rows = [[_cell(c, r.get(c)) for c in HISTORY_COLUMNS] for r in rows]
             return (table_rows, charts.latency_by_method(rows), charts.token_composition(rows),
                     charts.speedup_vs_draft_start(rows), charts.rsd_by_threshold(rows))
 
@@ -305,6 +304,12 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         imported.change(do_import, [imported], past_outputs, **PRIVATE)
     return demo
+
+
+def _cell(column: str, value):
+    if column == "created_at" and isinstance(value, str):
+        return value[:19].replace("T", " ")  # 2026-11-30 18:32:36
+    return round(value, 3) if isinstance(value, float) else value
 
 
 def _draft_picker(frame):

@@ -145,6 +145,8 @@ class TraceView:
         for i, span in enumerate(shown):
             spans += self._step_badge("answer", i)
             spans.append(span)
+        if self.phase == "stopped":
+            return _pane(spans, "Stopped before the answer.")
         return _pane(spans, "The answer appears when the reasoning ends.")
 
     @property
@@ -222,7 +224,7 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
             items.append(("same answer", "✔" if compare["identical"] else "✘ differs"))
     cells = "".join(f'<div class="metric"><div class="k">{k}</div><div class="v">{v}</div></div>' for k, v in items)
     note = f'<div class="metrics-notice">⚠ {html.escape(view.notice)}</div>' if view.notice else ""
-    return f'<div class="metrics">{cells}</div>{note}'
+    return f'<div class="strip"><div class="metrics">{cells}</div>{note}</div>'
 
 
 def prompt_html(prompt: str) -> str:

@@ -158,5 +158,5 @@ def test_ssr_refuses_past_the_switch_and_is_exact_before_it(family):
     lm = family_model(family)
     kind = lm.rope.kind
     with pytest.raises(ValueError, match=f"rope_type '{kind}'.*past {SWITCH} tokens"):
-        list(decode_ssr(lm, "hi", RunConfig(max_think=16, max_answer=8, draft_start=2)))
+        list(decode_ssr(lm, "hi", RunConfig(max_think=16, max_answer=8, max_draft=12, draft_start=2)))
     assert_same(lm, "hi", RunConfig(max_think=6, max_answer=4, max_draft=5, draft_start=2))

@@ -28,6 +28,7 @@ SCALED = ("longrope", "dynamic")
 class Rope:
     kind: str | None  # "longrope", "dynamic" or None (frequencies fixed)
     switch: int | None  # sequence length above which the frequencies change
+    factor: float = 1.0  # dynamic NTK: how far past the switch point the model is meant to run
 
     @property
     def reprefills(self) -> bool:
@@ -68,5 +69,5 @@ def rope_of(model) -> Rope:
             switch = p.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings")
             return Rope("longrope", int(switch))
         if kind is not None and "dynamic" in kind:
-            return Rope("dynamic", int(config.max_position_embeddings))
+            return Rope("dynamic", int(config.max_position_embeddings), float(p.get("factor", 1.0)))
     return Rope(None, None)

@@ -1,0 +1,324 @@
+"""The studio's edges, driven as a user would: headless Chromium and gradio_client against the app.
+
+One test per finding of the studio issue (stop, the run log, examples, limits, the draft-start
+slider, history, charts, install, cosmetics); each failed on the first version of the studio.
+Screenshots land in ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.synthetic import EVAL_SEED_BASE, make_example
+from tests.apps import ROOT, launched
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = ROOT / "test-artifacts"
+CLASS = make_example("classes", EVAL_SEED_BASE + 1).prompt
+ARITH = make_example("arithmetic", EVAL_SEED_BASE + 2).prompt
+needs_browser = pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                   reason="Debian chromium is not installed (.ci/run installs it)")
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    with launched(tmp_path_factory.mktemp("studio")) as (url, db, _proc):
+        yield url, db
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian chromium is not installed (.ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu",
+                                                              "--disable-background-networking", "--no-first-run"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(app, browser, request):
+    page = browser.new_page(viewport={"width": 1400, "height": 1200})
+    page.goto(app[0])
+    page.wait_for_selector("#method", timeout=30_000)
+    yield page
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
+    page.close()
+
+
+def _start(page, prompt: str, method: str) -> None:
+    page.get_by_label("Prompt").fill(prompt)
+    page.locator("#method").get_by_label(method, exact=True).check()
+    page.get_by_role("button", name="Run", exact=True).click()
+
+
+def _run_to_end(page, prompt: str, method: str) -> str:
+    """Start a run and wait for it to end (Stop is enabled exactly while it runs); the strip."""
+    _start(page, prompt, method)
+    page.wait_for_function("!document.querySelector('#stop').disabled", timeout=30_000)
+    page.wait_for_function("document.querySelector('#stop').disabled", timeout=180_000)
+    return page.locator(".strip").first.inner_text()
+
+
+def _call_raw(url: str, **values) -> str:
+    """The /run endpoint over plain HTTP with a JSON body as given (NaN included, which
+    gradio_client cannot send); the metrics strip of its last update."""
+    import json
+
+    import httpx
+    from gradio_client import Client
+
+    params = Client(url, verbose=False).view_api(return_format="dict", print_info=False)["named_endpoints"]["/run"]
+    data = [values.get(p["parameter_name"], p.get("parameter_default")) for p in params["parameters"]]
+    event = httpx.post(f"{url}gradio_api/call/run", content=json.dumps({"data": data}),
+                       headers={"content-type": "application/json"}, timeout=30).json()["event_id"]
+    stream = httpx.get(f"{url}gradio_api/call/run/{event}", timeout=120).text
+    last = [line for line in stream.splitlines() if line.startswith("data:")][-1]
+    return json.loads(last[5:])[3]
+
+
+def _strip(page, phase: str, timeout: int = 120_000) -> str:
+    page.wait_for_function(f"[...document.querySelectorAll('.metrics .v')].some(v => v.innerText === '{phase}')",
+                           timeout=timeout)
+    return page.locator(".metrics").first.inner_text()
+
+
+def _no_error_pill(page) -> None:
+    assert page.locator(".toast-body.error, .error .error-message").count() == 0
+    assert page.get_by_text("Error", exact=True).count() == 0, "an Error pill is shown"
+
+
+def _rows(db, where: str = "1") -> list[tuple]:
+    return sqlite3.connect(db).execute(f"select prompt, method, status from runs where {where}").fetchall()
+
+
+# ----------------------------------------------------------------------------- 7. charts, on a fresh app
+
+@needs_browser
+def test_7_empty_charts_say_so(page):
+    page.get_by_role("tab", name="History").click()
+    page.wait_for_selector(".js-plotly-plot", timeout=30_000)
+    for sentence in ("No finished runs yet", "No RSD runs yet", "Needs an SSR run and a Baseline run"):
+        page.get_by_text(sentence).first.wait_for(timeout=30_000)
+
+
+# ----------------------------------------------------------------------------- 1. stop
+
+@needs_browser
+def test_1_stop_says_stopped_keeps_the_panes_and_logs_cancelled(page, app):
+    assert page.locator("#stop").is_disabled(), "Stop must be disabled while nothing runs"
+    _start(page, CLASS, "Baseline")
+    page.wait_for_selector(".pane .tok", state="attached", timeout=60_000)
+    assert page.locator("#stop").is_enabled()
+    page.locator("#stop").click()
+    strip = _strip(page, "stopped")
+    assert page.locator(".pane .tok").count() > 0, "the panes must keep what streamed"
+    _no_error_pill(page)
+    page.wait_for_function("document.querySelector('#stop').disabled", timeout=10_000)
+    assert ("Baseline" in strip) and _rows(app[1], f"prompt = '{CLASS}'")[-1][2] == "cancelled"
+
+
+@needs_browser
+def test_1_stopping_a_sweep_keeps_the_finished_points(page, app):
+    [(start_id,)] = sqlite3.connect(app[1]).execute("select coalesce(max(id), 0) from runs").fetchall()
+    page.get_by_label("Prompt").fill(CLASS)
+    page.get_by_text("Draft-start sweep").click()
+    page.get_by_role("spinbutton", name="From", exact=True).fill("0")
+    page.get_by_role("spinbutton", name="To", exact=True).fill("300")
+    page.get_by_role("spinbutton", name="Step", exact=True).fill("20")
+    page.get_by_role("button", name="Sweep draft start").click()
+    page.get_by_text("draft starts done").wait_for(timeout=60_000)
+    page.locator("#stop").click()
+    status = page.get_by_text("sweep stopped after")
+    status.wait_for(timeout=30_000)
+    page.wait_for_selector(".js-plotly-plot", timeout=10_000)  # the finished points stay charted
+    _no_error_pill(page)
+    import re
+
+    finished = int(re.search(r"after (\d+) of", status.inner_text()).group(1))
+    statuses = [s for _, _, s in _rows(app[1], f"id > {start_id} and method = 'ssr'")]
+    assert finished >= 1 and statuses.count("ok") == finished
+    assert statuses.count("cancelled") == ("in flight" in status.inner_text()) and len(statuses) <= finished + 1
+
+
+# ----------------------------------------------------------------------------- 2. the run log
+
+@needs_browser
+def test_2_a_run_log_that_cannot_be_written_leaves_the_run_on_screen(page, app):
+    url, db = app
+    blocker = Path(f"{db}-wal")
+    blocker.mkdir()  # SQLite cannot write its journal now, even as root
+    try:
+        assert "not saved:" in _run_to_end(page, ARITH, "Baseline")
+        _no_error_pill(page)
+        assert page.locator(".pane .tok").count() > 0
+    finally:
+        shutil.rmtree(blocker)
+    strip = _run_to_end(page, ARITH + " ", "Baseline")  # the app keeps working once the log is writable again
+    assert "done" in strip and "not saved" not in strip
+    assert _rows(app[1], f"prompt = '{ARITH} '")
+
+
+@pytest.mark.parametrize("case, why", [("missing-folder", "does not exist"), ("directory", "is a directory"),
+                                       ("not-sqlite", "not an SQLite database")])
+def test_2_a_bad_db_flag_stops_the_app_at_start_with_the_reason(tmp_path, case, why):
+    db = {"missing-folder": tmp_path / "nope" / "runs.db", "directory": tmp_path, "not-sqlite": tmp_path / "notes.db"}[case]
+    if case == "not-sqlite":
+        db.write_text("my notes\n" * 100)
+    out = subprocess.run([sys.executable, "app.py", "--db", str(db)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and why in out.stderr and str(db) in out.stderr and "Traceback" not in out.stderr
+
+
+# ----------------------------------------------------------------------------- 3. examples
+
+@needs_browser
+def test_3_examples_are_grouped_and_rsd_outside_the_drafts_task_says_why(page):
+    for label in ("SSR on the bundled model", "RSD on the bundled models", "Need a real model"):
+        assert page.get_by_text(label).count() >= 1
+    _start(page, CLASS, "Compare")
+    page.wait_for_selector(".run-pick", timeout=180_000)
+    _strip(page, "done")
+    page.locator(".run-pick").get_by_label("RSD", exact=True).check()
+    page.get_by_text("the PRM rejected").wait_for(timeout=10_000)
+
+
+# ----------------------------------------------------------------------------- 4. limits
+
+@needs_browser
+def test_4_a_prompt_beyond_the_context_is_refused_before_running(page, app):
+    huge = "Tell me everything. " * 1500  # 30,000 characters
+    _start(page, huge, "SSR")
+    page.get_by_text("context of 2048 positions").wait_for(timeout=20_000)
+    assert not _rows(app[1], f"prompt = '{huge}'")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("temperature", float("nan"), "temperature=nan must be a finite number"),
+    ("threshold", float("inf"), "threshold=inf must be a finite number"),
+    ("seed", 10**30, "seed=1000000000000000000000000000000 must be in 0..2**63-1"),
+    ("max_think", "abc", "max_think='abc' must be a number"),
+    ("max_answer", 2.5, "max_answer=2.5 must be a whole number"),
+])
+def test_4_every_numeric_api_parameter_is_validated(app, field, value, message):
+    from gradio_client import Client
+
+    import html
+
+    assert message in html.unescape(_call_raw(app[0], prompt=ARITH, method="Baseline", **{field: value}))
+
+
+# ----------------------------------------------------------------------------- 5. draft start
+
+@needs_browser
+def test_5_the_draft_start_slider_follows_the_models_max_think(page, app):
+    slider = page.locator("#draft-start input[type=range]")
+    assert slider.get_attribute("max") == "599"  # the bundled model's max think is 600
+    page.get_by_text("SSR settings").click()
+    page.get_by_role("spinbutton", name="Max think", exact=True).fill("100")
+    page.get_by_role("spinbutton", name="Max think", exact=True).press("Enter")
+    page.wait_for_function("document.querySelector('#draft-start input[type=range]').max === '99'", timeout=10_000)
+
+
+@pytest.mark.parametrize("value, message", [(5000, "draft_start=5000 must be < max_think (600)"),
+                                            (-3, "draft_start=-3 must be in 0..")])
+def test_5_out_of_range_draft_starts_are_refused(app, value, message):
+    from gradio_client import Client
+
+    import html
+
+    metrics = Client(app[0], verbose=False).predict(prompt=CLASS, method="SSR", draft_start=value, api_name="/run")[3]
+    assert message in html.unescape(metrics)
+
+
+def test_5_vs_baseline_is_the_median_of_the_logged_baselines(app):
+    from gradio_client import Client
+
+    client = Client(app[0], verbose=False)
+    prompt = make_example("classes", EVAL_SEED_BASE + 7).prompt
+    for _ in range(2):
+        client.predict(prompt=prompt, method="Baseline", api_name="/run")
+    metrics = client.predict(prompt=prompt, method="SSR", api_name="/run")[3]
+    assert "(median of 2)" in metrics
+
+
+# ----------------------------------------------------------------------------- 6. history
+
+@needs_browser
+def test_6_history_refreshes_itself_and_replays_a_run_in_full(page, app):
+    _run_to_end(page, ARITH, "SSR")
+    page.get_by_role("tab", name="History").click()
+    table = page.locator(".history-table")
+    table.get_by_text("ssr").first.wait_for(timeout=20_000)  # no Refresh click needed
+    run_id = page.get_by_label("Run id")
+    assert run_id.input_value() == ""
+    header = table.locator("th").filter(has_text="first answer s").first
+    assert header.bounding_box()["height"] < 40, "a column header breaks over several lines"
+    [(newest,)] = sqlite3.connect(app[1]).execute("select max(id) from runs").fetchall()
+    run_id.fill(str(newest))
+    page.get_by_role("button", name="Show this run").click()
+    page.locator(".prompt-box").wait_for(timeout=20_000)
+    assert ARITH[:30] in page.locator(".prompt-box").inner_text()
+    page.get_by_text("first answer token").last.wait_for(timeout=10_000)
+
+
+# ----------------------------------------------------------------------------- 8. install
+
+def test_8_app_and_test_requirements_are_separate_and_the_readme_says_which_torch():
+    app_reqs = (ROOT / "requirements.txt").read_text()
+    dev_reqs = (ROOT / "requirements-dev.txt").read_text()
+    assert not any(tool in app_reqs for tool in ("pytest", "playwright", "hypothesis"))
+    assert "-r requirements.txt" in dev_reqs and "pytest" in dev_reqs
+    assert "requirements-dev.txt" in (ROOT / ".ci" / "run").read_text()
+    head = (ROOT / "README.md").read_text()[:3000]
+    assert "Python 3.10" in head and "CPU build" in head and "CUDA build" in head and "chromium" in head
+
+
+# ----------------------------------------------------------------------------- 9. cosmetics
+
+@needs_browser
+def test_9_cosmetics(page, app):
+    assert page.locator("#stop").is_disabled()
+    _run_to_end(page, CLASS, "Baseline")
+    assert "Plain decoding writes no draft" in page.locator(".pane").nth(1).inner_text()
+    reasoning = page.locator(".pane").first.inner_text()
+    assert "</think>" not in reasoning and "end of thinking" in reasoning
+    assert not page.locator(".pane").nth(2).inner_text().startswith("\n")
+    assert page.locator(".metrics").first.bounding_box()["height"] < 60, "the metrics strip wraps at 1400 px"
+
+
+def test_9_api_outputs_are_named_and_internal_endpoints_hidden(app):
+    from gradio_client import Client
+
+    api = Client(app[0], verbose=False).view_api(return_format="dict", print_info=False)
+    names = set(api["named_endpoints"])
+    assert "/run" in names and not any("lambda" in n for n in names)
+    returns = [r["label"] for r in api["named_endpoints"]["/run"]["returns"]]
+    assert returns[:4] == ["reasoning", "draft", "answer", "metrics"]
+
+
+def test_9_the_rsd_export_lists_each_rejected_step_once(app, tmp_path):
+    from gradio_client import Client
+
+    client = Client(app[0], verbose=False)
+    client.predict(prompt=CLASS, method="RSD", api_name="/run")
+    [(run_id,)] = sqlite3.connect(app[1]).execute("select max(id) from runs where method = 'rsd'").fetchall()
+    from ssr_ui.export import run_to_html
+    from engine.runlog import RunLog
+    from ssr_ui.render import CSS
+
+    log = RunLog(app[1])
+    page = run_to_html(log.run(run_id), log.events(run_id), CSS)
+    rejected = sum(1 for e in log.events(run_id) if e.kind == "step" and e.accepted is False)
+    assert rejected > 1 and page.count("rewritten by the target") == rejected
+    assert "0.30000000000000004" not in page
