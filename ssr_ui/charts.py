@@ -127,7 +127,7 @@ def rsd_by_threshold(rows: list[dict]) -> go.Figure:
     if any(a is not None for a in acc):
         fig.add_trace(go.Scatter(x=xs, y=acc, name="RSD accuracy", mode="lines+markers", marker_color=COLORS["rsd"]))
     fig.add_trace(go.Scatter(x=xs, y=flops, name="RSD FLOPs per run", mode="lines+markers", yaxis="y2",
-                             marker_color="#6b7280", line=dict(dash="dash")))
+                             marker=dict(color="#6b7280", size=9), line=dict(dash="dash")))
     _layout(fig, "RSD accuracy and FLOPs vs threshold", xaxis_title="threshold",
             yaxis=dict(title="accuracy", range=[0, 1.05], tickformat=".0%"),
             yaxis2=dict(title="FLOPs", overlaying="y", side="right", tickformat=".3s", rangemode="tozero"))

@@ -57,9 +57,9 @@ def run_to_html(row: dict, events: list, css: str) -> str:
         drafts = view.draft_html()
     else:
         drafts = "".join(f"<h3>Draft {d}</h3>{view.draft_html(d)}" for d in sorted(view.drafts)) or view.draft_html()
-    facts = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(row.get(k)))}</td></tr>"
+    facts = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fact(row.get(k)))}</td></tr>"
                     for k in ("method", "model", "status", "wall_s", "ttft_s", "reasoning_tokens", "answer_tokens",
-                              "accepted", "recovered", "generated", "rejected", "config"))
+                              "accepted", "recovered", "generated", "rejected", "rejected_lookup", "flops", "config"))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>SSR Studio trace #{html.escape(str(row.get("id", "")))}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:24px;max-width:1400px}}
@@ -73,6 +73,13 @@ def run_to_html(row: dict, events: list, css: str) -> str:
 <div><h2>Draft</h2>{drafts}</div><div><h2>Final answer</h2>{view.answer_html()}</div></div>
 </body></html>
 """
+
+
+def _fact(value) -> str:
+    """A value for the settings table: floats to 4 significant digits, config JSON as it is."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
 
 
 def runs_to_csv(rows: list[dict]) -> str:

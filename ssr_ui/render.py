@@ -195,8 +195,8 @@ LEGEND = (
 
 
 def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> str:
-    """The live metrics strip; ``compare`` (after a run) holds the latest baseline of the same
-    prompt and model: ``{"ratio": float, "identical": bool | None}``."""
+    """The live metrics strip; ``compare`` (after a run) holds the logged baselines of the same
+    prompt and model: ``{"ratio": float, "identical": bool | None, "baselines": int}``."""
     c = view.counts()
     n_tokens = len(view.reasoning) + len(view.answer)
     elapsed = view.stats.wall_s if view.stats else view.elapsed
@@ -209,10 +209,11 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         ("recovered", f"{c['recovered']} ({c['recovered'] / answered:.0%})"),
         ("generated", str(c["generated"])), ("rejected", str(c["rejected"])),
     ]
-    if view.steps:
+    if view.steps:  # RSD keeps or rewrites whole steps: it recovers no tokens
+        items = [i for i in items if i[0] != "recovered"]
         items += [("steps kept", str(c["steps_kept"])), ("steps rewritten", str(c["steps_rewritten"]))]
     if view.stats and view.stats.flops:
-        items.append(("FLOPs", f"{view.stats.flops:.3g}"))
+        items.append(("FLOPs", si(view.stats.flops)))
     if view.stats and view.stats.ttft_s is not None:
         items.insert(3, ("first answer token", f"{view.stats.ttft_s:.2f} s"))
     if view.stats and view.stats.rejected_lookup:
@@ -225,6 +226,14 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
     cells = "".join(f'<div class="metric"><div class="k">{k}</div><div class="v">{v}</div></div>' for k, v in items)
     note = f'<div class="metrics-notice">⚠ {html.escape(view.notice)}</div>' if view.notice else ""
     return f'<div class="strip"><div class="metrics">{cells}</div>{note}</div>'
+
+
+def si(x: float) -> str:
+    """A number with an SI prefix and three significant digits: 2.03 G, 964 M, 12.5 k."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {prefix}"
+    return f"{x:.3g}"
 
 
 def prompt_html(prompt: str) -> str:
