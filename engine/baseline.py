@@ -25,7 +25,7 @@ def decode_baseline(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Ev
     rec = Recorder(lm.tokenizer, "baseline", len(prompt_ids), lm.device)
     chooser = Chooser(cfg.temperature, cfg.top_p, cfg.seed)
     markers = lm.markers
-    lm.begin_run()
+    lm.begin_run(cfg.exact)
     seq = CachedModel(lm)
 
     # 1. prefill

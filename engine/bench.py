@@ -23,7 +23,8 @@ from pathlib import Path
 
 from engine.config import RunConfig
 from engine.events import DoneEvent
-from engine.methods import METHODS, check_method, decoder
+from engine.agreement import agreement
+from engine.methods import METHODS, SINGLE_MODEL, check_method, decoder
 from engine.prm import make_scorer
 from engine.rsd import RSD_METHODS, check_pair
 from engine.model import ModelLoadError, SSRUnsupportedError, load_model
@@ -81,6 +82,19 @@ def run_one(models: dict, method: str, prompt: dict, cfg: RunConfig, repeat: int
         if correct is not None:
             run["correct"] = correct
     return run
+
+
+def add_agreement(lm, prompt: str, batch: list[dict]) -> None:
+    """Greedy runs of one prompt: each single-model method's agreement with ``baseline`` ("identical",
+    or where it diverged and the top-2 logit margin there), so numerics read as numerics."""
+    base = next((r for r in batch if r["method"] == "baseline"), None)
+    if base is None:
+        return
+    base_ids = base["reasoning_token_ids"] + base["answer_token_ids"]
+    for r in batch:
+        if r["method"] in SINGLE_MODEL and r["method"] != "baseline":
+            a = agreement(lm, prompt, base_ids, r["reasoning_token_ids"] + r["answer_token_ids"])
+            r.update(agreement=str(a), diverged_at=a.diverged_at, margin=a.margin)
 
 
 def summarize(runs: list[dict], greedy: bool) -> list[dict]:
@@ -155,6 +169,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--trust-remote-code", action="store_true", help="allow a PRM's own modelling code to run")
     for name, kind in CONFIG_FLAGS.items():
         ap.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
+    ap.add_argument("--exact", action="store_true", default=None,
+                    help="batch- and width-invariant forwards: slow, bitwise reproducible (docs/SSR.md)")
     return ap.parse_args(argv)
 
 
@@ -170,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             check_method(m)
         if args.repeat < 1:
             raise ValueError(f"--repeat={args.repeat} must be >= 1")
-        flags = {k: getattr(args, k) for k in CONFIG_FLAGS if getattr(args, k) is not None}
+        flags = {k: getattr(args, k) for k in (*CONFIG_FLAGS, "exact") if getattr(args, k) is not None}
         cfg = RunConfig(**{**recommended_settings(args.model), **flags})  # the model's tuned settings under the flags
         prompts = read_prompts(args.prompts)
         log = RunLog(args.db) if args.db else None
@@ -193,15 +209,22 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for prompt in prompts:
         for rep in range(args.repeat):
+            batch = []
             for m in methods:
-                runs.append(run_one(models, m, prompt, cfg, rep, log))
-                r = runs[-1]
+                batch.append(run_one(models, m, prompt, cfg, rep, log))
+                r = batch[-1]
                 print(f"  {prompt['id']:>14} r{rep} {m:>8}: {r['latency_s']:.3f}s  acc {r['accepted']} "
                       f"rec {r['recovered']}" + (f"  correct={r['correct']}" if "correct" in r else ""), flush=True)
+            if cfg.greedy:
+                add_agreement(lm, prompt["prompt"], batch)
+            runs += batch
     summary = summarize(runs, cfg.greedy)
     Path(args.out).write_text(json.dumps({"model": args.model, "config": cfg.to_dict(), "runs": runs,
                                           "summary": summary}, indent=1))
     print(format_table(summary))
+    for r in runs:
+        if r.get("agreement", "identical") != "identical":
+            print(f"  {r['method']} on {r['prompt_id']} r{r['repeat']}: {r['agreement']}")
     return 0
 
 

@@ -51,6 +51,8 @@ class RunConfig:
     weight_param: float = 1.0  # p for "constant", the slope a for "logistic"
     max_steps: int = 100
     max_step_tokens: int = 256
+    # --- numerics
+    exact: bool = False  # batch- and width-invariant forwards (engine.runtime.exact): slow, bitwise reproducible
 
     def __post_init__(self) -> None:
         for name in ("max_think", "max_answer", "max_draft", "num_drafts", "max_spec", "min_match"):
@@ -69,7 +71,7 @@ class RunConfig:
         for name in ("max_steps", "max_step_tokens"):
             _require(name, getattr(self, name), getattr(self, name) >= 1, "must be >= 1")
         check_params(self.weighting, self.threshold, self.weight_param)
-        for name in ("suffix_recovery", "context_lookup"):
+        for name in ("suffix_recovery", "context_lookup", "exact"):
             _require(name, getattr(self, name), isinstance(getattr(self, name), bool), "must be true or false")
 
     def check_ssr(self) -> RunConfig:

@@ -10,6 +10,7 @@ position every decode loop tracks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 
 from engine.presets import BUNDLED, BUNDLED_DIR, PRESETS, Preset
 from engine.runtime.cache import Checkpoint, crop, layout, new_cache, restore, seq_length, take_rows
+from engine.runtime.exact import exact_forwards
 from engine.runtime.rope import rope_of
 
 
@@ -97,6 +99,7 @@ class LoadedModel:
             eos.update(source if isinstance(source, list) else [source] if source is not None else [])
         self.eos_ids = frozenset(int(e) for e in eos)
         self.num_parameters = sum(p.numel() for p in model.parameters())
+        self.exact = False  # the current run's exact mode (set by begin_run)
         self.layout = layout(model.config)  # which cache kinds: sliding windows, recurrent states
         self.rope = rope_of(model)  # position-scaled RoPE, if any
 
@@ -154,9 +157,15 @@ class LoadedModel:
         return self.markers
 
     # ------------------------------------------------------------------ forwards
-    def begin_run(self) -> None:
-        """Every run starts from the same model state (dynamic RoPE keeps one between calls)."""
+    def begin_run(self, exact: bool = False) -> None:
+        """Every run starts from the same model state (dynamic RoPE keeps one between calls);
+        ``exact`` makes its forwards batch- and width-invariant (``engine.runtime.exact``)."""
         self.rope.begin_run(self.model)
+        self.exact = exact
+
+    def forwards(self):
+        """The context every forward of the current run runs in (exact mode, or nothing)."""
+        return exact_forwards(self.model) if self.exact else contextlib.nullcontext()
 
     def new_cache(self):
         return new_cache(self.model.config)
@@ -187,8 +196,9 @@ class LoadedModel:
         if positions is None:
             positions = torch.arange(start, start + t, device=self.device).expand(b, t)
         assert cache.get_seq_length() == start, f"cache holds {cache.get_seq_length()} tokens, expected {start}"
-        out = self.model(input_ids=input_ids.to(self.device), cache=cache, position_ids=positions,
-                         attention_mask=attention_mask, use_cache=True, logits_to_keep=t)
+        with self.forwards():
+            out = self.model(input_ids=input_ids.to(self.device), cache=cache, position_ids=positions,
+                             attention_mask=attention_mask, use_cache=True, logits_to_keep=t)
         return out.logits
 
     def step_logits(self, tokens: list[int], cache, start: int) -> torch.Tensor:

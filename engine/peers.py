@@ -59,10 +59,10 @@ def decode_hf(lm: LoadedModel, prompt: str, cfg: RunConfig, prompt_lookup: bool 
         kwargs.update(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0)
     if prompt_lookup:
         kwargs["prompt_lookup_num_tokens"] = PLD_TOKENS
-    lm.begin_run()
+    lm.begin_run(cfg.exact)
     start = time.perf_counter()
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), lm.forwards():
             out = lm.model.generate(torch.tensor([prompt_ids], device=lm.device), **kwargs)[0, len(prompt_ids):]
     finally:
         hook.remove()

@@ -51,7 +51,7 @@ def decode_rsd(target: LoadedModel, draft: LoadedModel | None, scorer, prompt: s
     prompt_ids = target.prompt_ids(prompt)
     for lm in (target, draft) if mode != "target" else (target,):
         lm.check_fits(len(prompt_ids), cfg.max_tokens)
-        lm.begin_run()
+        lm.begin_run(cfg.exact)
     rec = Recorder(target.tokenizer, mode, len(prompt_ids), target.device)
     T = CachedModel(target)
     D = CachedModel(draft) if mode != "target" else None

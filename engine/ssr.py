@@ -56,7 +56,7 @@ def decode_ssr(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     new_tokens = len(markers.close_ids) + max(cfg.max_think + cfg.max_answer, last_fork + cfg.max_draft)
     lm.check_fits(len(prompt_ids), new_tokens)
     lm.rope.check_speculation(len(prompt_ids) + new_tokens, lm.model_id)
-    lm.begin_run()
+    lm.begin_run(cfg.exact)
     rec = Recorder(lm.tokenizer, "ssr", len(prompt_ids), lm.device)
     index = SuffixIndex(cfg.min_match)
     index.extend("prompt", prompt_ids)

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.agreement import agreement
 from engine.config import RunConfig, number
 from engine.events import RunStats
 from engine.methods import decoder
@@ -185,7 +186,7 @@ class Studio:
             for name in runs:
                 if job.cancelled:
                     break
-                view = TraceView(method=METHOD_NAMES[name], think_end=_think_end(lm))
+                view = TraceView(method=METHOD_NAMES[name], think_end=_think_end(lm), exact=cfg.exact)
                 yield from self._stream(lm, prompt, name, cfg, view, rsd, job, deadline)
                 finals[name] = last = self._frame(view, name, lm, prompt, cfg, final=True)
         finally:
@@ -259,8 +260,14 @@ class Studio:
         if not rows:
             return None
         identical = view.done.answer_text == rows[0]["answer_text"] if cfg.greedy else None
-        return {"ratio": view.done.stats.wall_s / statistics.median(r["wall_s"] for r in rows), "identical": identical,
-                "baselines": len(rows)}
+        out = {"ratio": view.done.stats.wall_s / statistics.median(r["wall_s"] for r in rows), "identical": identical,
+               "baselines": len(rows)}
+        lm = self._models.get(model_id)
+        if cfg.greedy and lm is not None and getattr(view.done, "reasoning_ids", None) is not None:
+            base = [e.token_id for e in self.log.events(rows[0]["id"])
+                    if e.kind == "token" and e.stream in ("reasoning", "answer")]
+            out["agreement"] = agreement(lm, prompt, base, view.done.reasoning_ids + view.done.answer_ids)
+        return out
 
     def sweep(self, prompt: str, model_name: str = "", start: int = 0, stop: int = 200, step: int = 20,
               job: Job | None = None, **settings) -> Iterator[tuple[str, object]]:

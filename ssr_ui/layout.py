@@ -111,6 +111,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                     temperature = _as_sent(gr.Slider(0, 2, value=cfg.temperature, step=0.05,
                                                      label="Temperature (0 = greedy)"))
                     seed = _as_sent(gr.Number(value=cfg.seed, precision=0, label="Seed"))
+                    exact = gr.Checkbox(value=cfg.exact, label="Exact mode",
+                                        info="batch- and width-invariant forwards: bitwise the same answer, slower")
             with gr.Accordion("RSD settings", open=False):
                 with gr.Row():
                     draft_model = gr.Textbox(value=studio.default_draft, label="Draft model")
@@ -186,11 +188,11 @@ def build_app(studio: Studio) -> gr.Blocks:
                 suffix_recovery: bool = cfg.suffix_recovery, context_lookup: bool = cfg.context_lookup,
                 temperature: float = cfg.temperature, seed: int = cfg.seed, draft_model: str = "",
                 prm: str = "", threshold: float = cfg.threshold, weighting: str = cfg.weighting,
-                weight_param: float = cfg.weight_param, think_spec: int = cfg.think_spec):
+                weight_param: float = cfg.weight_param, think_spec: int = cfg.think_spec, exact: bool = cfg.exact):
             settings = dict(draft_start=draft_start, max_think=max_think, max_draft=max_draft, max_answer=max_answer,
                             num_drafts=num_drafts, draft_interval=draft_interval, suffix_recovery=suffix_recovery,
                             context_lookup=context_lookup, temperature=temperature, seed=seed, threshold=threshold,
-                            weighting=weighting, weight_param=weight_param, think_spec=think_spec)
+                            weighting=weighting, weight_param=weight_param, think_spec=think_spec, exact=exact)
             with studio.jobs.running(current_event_id(), request.session_hash) as job:
                 if job is None:  # Gradio restarting a job that already ran: never run it twice
                     return
@@ -212,7 +214,8 @@ def build_app(studio: Studio) -> gr.Blocks:
         buttons = [stop_btn, run_btn, sweep_btn]
         run_event = run_btn.click(busy, None, buttons, queue=False, **PRIVATE).then(
             run, [prompt, method, model, draft_start, max_think, max_draft, max_answer, num_drafts, draft_interval,
-                  suffix, lookup, temperature, seed, draft_model, prm, threshold, weighting, weight_param, think_spec],
+                  suffix, lookup, temperature, seed, draft_model, prm, threshold, weighting, weight_param, think_spec,
+                  exact],
             [reasoning_pane, draft_pane, answer_pane, metrics, chart, last_view, draft_pick, last_runs, run_pick],
             api_name="run", concurrency_limit=RUN_CONCURRENCY, show_progress="minimal", show_progress_on=[metrics])
 

@@ -65,6 +65,7 @@ class TraceView:
     step_starts: dict[tuple[str, int], StepEvent] = field(default_factory=dict)  # (stream, first token) -> step
     method: str = ""  # "baseline", "ssr", "rsd", ... (what the Draft pane can expect)
     think_end: str | None = None  # the end-of-thinking marker's text, shown as a badge, not raw
+    exact: bool = False  # the run used exact (batch- and width-invariant) forwards
     notice: str | None = None  # something the user must know about this run (e.g. "not saved: ...")
     _next_step_at: tuple[str, int] = ("reasoning", 0)  # where the next kept step begins
 
@@ -209,6 +210,8 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         ("recovered", f"{c['recovered']} ({c['recovered'] / answered:.0%})"),
         ("generated", str(c["generated"])), ("rejected", str(c["rejected"])),
     ]
+    if view.exact:
+        items.insert(2, ("numerics", "exact"))
     if view.steps:  # RSD keeps or rewrites whole steps: it recovers no tokens
         items = [i for i in items if i[0] != "recovered"]
         items += [("steps kept", str(c["steps_kept"])), ("steps rewritten", str(c["steps_rewritten"]))]
@@ -221,7 +224,11 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
     if compare:
         n = compare.get("baselines", 1)
         items.append(("vs baseline", f"{compare['ratio']:.2f}x latency" + (f" (median of {n})" if n > 1 else "")))
-        if compare.get("identical") is not None:
+        if compare.get("agreement") is not None:
+            a = compare["agreement"]
+            items.append(("same as baseline", "✔ identical" if a.identical else
+                          f"✘ from token {a.diverged_at} (top-2 margin {a.margin:.3g})"))
+        elif compare.get("identical") is not None:
             items.append(("same answer", "✔" if compare["identical"] else "✘ differs"))
     cells = "".join(f'<div class="metric"><div class="k">{k}</div><div class="v">{v}</div></div>' for k, v in items)
     note = f'<div class="metrics-notice">⚠ {html.escape(view.notice)}</div>' if view.notice else ""
