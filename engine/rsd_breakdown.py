@@ -27,6 +27,7 @@ from pathlib import Path
 from engine.config import RunConfig
 from engine.events import StepEvent
 from engine.model import ModelLoadError, load_model
+from engine.presets import recommended_settings
 from engine.prm import make_scorer
 from engine.rsd import check_pair, decode_rsd
 from engine.synthetic import check, make_arithmetic_example
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         target, draft = load_model(args.model), load_model(args.draft_model)
         check_pair(target, draft)
         scorer = make_scorer(args.prm)
-        cfg = RunConfig(threshold=args.threshold)
+        cfg = RunConfig(**{**recommended_settings(args.model), "threshold": args.threshold})
     except (ValueError, ModelLoadError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

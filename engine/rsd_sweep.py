@@ -20,6 +20,7 @@ from pathlib import Path
 from engine.bench import read_prompts, run_one
 from engine.config import RunConfig
 from engine.model import ModelLoadError, load_model
+from engine.presets import recommended_settings
 from engine.prm import make_scorer
 from engine.rsd import check_pair
 from engine.runlog import RunLog
@@ -86,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         thresholds = [float(t) for t in args.thresholds.split(",") if t.strip()]
-        base = {k: v for k, v in {"max_think": args.max_think, "max_answer": args.max_answer}.items() if v}
+        flags = {k: v for k, v in {"max_think": args.max_think, "max_answer": args.max_answer}.items() if v}
+        base = {**recommended_settings(args.model), **flags}  # the model's tuned budgets under the flags
         configs = {t: RunConfig(**base, threshold=t) for t in thresholds}
         prompts = read_prompts(args.prompts)
         target = load_model(args.model)
