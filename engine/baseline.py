@@ -69,5 +69,7 @@ def decode_baseline(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Ev
             break
         logits = seq.feed([tok])
         rec.forward()
+    rec.stats.flops = rec.stats.target_flops = seq.flops  # 2 x parameters x tokens, as RSD counts its models
+    rec.stats.target_tokens = seq.prefill_tokens + seq.decode_tokens
     yield rec.phase("done")
     yield rec.done()

@@ -35,7 +35,8 @@ from engine.synthetic import check
 # CLI flag -> RunConfig field; a flag left out keeps the config's own default
 CONFIG_FLAGS = {"draft_start": int, "max_think": int, "max_draft": int, "max_answer": int, "num_drafts": int,
                 "draft_interval": int, "max_spec": int, "think_spec": int, "min_match": int, "spec_factor": float, "temperature": float, "top_p": float,
-                "seed": int, "threshold": float, "weighting": str, "weight_param": float, "max_steps": int,
+                "seed": int, "threshold": float, "weighting": str, "weight_param": float, "draft_confidence": float,
+                "max_steps": int,
                 "max_step_tokens": int}
 
 

@@ -51,6 +51,9 @@ class RunConfig:
     weight_param: float = 1.0  # p for "constant", the slope a for "logistic"
     max_steps: int = 100
     max_step_tokens: int = 256
+    # beyond the paper: also rewrite a draft step whose least likely token had draft probability below
+    # this (the draft's own doubt; free, its logits exist anyway). 0 = off: the paper's rule alone
+    draft_confidence: float = 0.0
     # --- numerics
     exact: bool = False  # batch- and width-invariant forwards (engine.runtime.exact): slow, bitwise reproducible
 
@@ -71,6 +74,7 @@ class RunConfig:
         for name in ("max_steps", "max_step_tokens"):
             _require(name, getattr(self, name), getattr(self, name) >= 1, "must be >= 1")
         check_params(self.weighting, self.threshold, self.weight_param)
+        _require("draft_confidence", self.draft_confidence, 0 <= self.draft_confidence <= 1, "must be in [0, 1]")
         for name in ("suffix_recovery", "context_lookup", "exact"):
             _require(name, getattr(self, name), isinstance(getattr(self, name), bool), "must be true or false")
 

@@ -110,6 +110,7 @@ class StepEvent:
     reward: float | None
     accepted: bool | None
     t: float
+    confidence: float | None = None  # the draft's probability of its least likely token in the step
     kind: str = "step"
 
 

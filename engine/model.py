@@ -132,6 +132,10 @@ class LoadedModel:
         self.forward(torch.tensor([[ids[-1]], [ids[-1]]], device=self.device), cache, len(ids))
 
     @property
+    def dtype(self) -> str:
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
+
+    @property
     def context_length(self) -> int | None:
         """Positions the model was built for (None if its config does not say); dynamic NTK RoPE
         is meant to run past ``max_position_embeddings`` by its scaling factor."""
@@ -216,14 +220,17 @@ def load_model(name: str | None = None, device: str | None = None, dtype: str | 
                trust_remote_code: bool = False) -> LoadedModel:
     """Load a causal LM and its tokenizer from a bundled name, a preset, a local folder or a Hub id.
 
-    bf16 on GPUs, fp32 on the CPU unless ``dtype`` says otherwise. Errors name the id and the
+    bf16 on GPUs, fp32 on the CPU unless ``dtype`` says otherwise; the bundled models stay fp32. Errors name the id and the
     reason (missing folder, offline Hub, unknown id) as a :class:`ModelLoadError`.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
 
     path, preset = resolve_model_path(name)
     dev = pick_device(device)
-    torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    bundled = Path(path).expanduser().resolve().parent == BUNDLED_DIR.resolve()
+    # bf16 for Hub models on a GPU; the bundled tiny models keep the fp32 they were trained in (bf16 costs them accuracy)
+    torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if dev.type == "cuda" and not bundled
+                                                       else torch.float32)
     local = Path(path).expanduser()
     if local.exists():
         path = str(local)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
+import torch
+
 from engine.acceptance import accept
 from engine.cached import CachedModel
 from engine.config import RunConfig
@@ -75,22 +77,22 @@ def decode_rsd(target: LoadedModel, draft: LoadedModel | None, scorer, prompt: s
             break
         # 1. propose: the draft (or, in "target" mode, the target) writes one step
         source = "target" if mode == "target" else "draft"
-        step, ended = _write_step(*writers[source], seq, cfg.max_step_tokens, budget)
+        step, ended, confidence = _write_step(*writers[source], seq, cfg.max_step_tokens, budget)
         reward, kept = None, None
-        # 2. score and decide
+        # 2. score and decide (the paper's rule; with draft_confidence, the draft's doubt too)
         if mode == "rsd":
             text = target.tokenizer.decode(step)
             reward = scorer.score(text, seq, step)
-            kept = _accept(cfg, reward, coin)
+            kept = _accept(cfg, reward, coin) and confidence >= cfg.draft_confidence
             rewards[kept].append(reward)
             if not kept:
                 for i, tok in enumerate(step):
                     yield rec.token("draft", tok, draft=index)
                     yield rec.draft_status(index, i, "rejected")
-                yield StepEvent(index, text, "draft", reward, False, rec.now())
+                yield StepEvent(index, text, "draft", reward, False, rec.now(), confidence)
                 D.rollback(len(seq))
                 source = "target"
-                step, ended = _write_step(*writers["target"], seq, cfg.max_step_tokens, budget)
+                step, ended, _ = _write_step(*writers["target"], seq, cfg.max_step_tokens, budget)
         # 3. accept: the step joins the shared text; each model catches up when it next writes
         status = "accepted" if mode == "rsd" and source == "draft" else "generated"
         for tok in step:
@@ -99,8 +101,9 @@ def decode_rsd(target: LoadedModel, draft: LoadedModel | None, scorer, prompt: s
                 stream = "answer"
                 yield rec.phase("answer")
         text = target.tokenizer.decode(step)
-        yield StepEvent(index, text, source, reward if source == "draft" else None, kept if source == "draft" else None,
-                        rec.now())
+        drafted = source == "draft" and mode != "draft"
+        yield StepEvent(index, text, source, reward if drafted else None, kept if drafted else None, rec.now(),
+                        confidence if source == "draft" else None)
         rec.stats.steps_accepted += mode == "rsd" and source == "draft"
         rec.stats.steps_rejected += mode == "rsd" and source == "target"
         if mode == "rsd":
@@ -114,23 +117,26 @@ def decode_rsd(target: LoadedModel, draft: LoadedModel | None, scorer, prompt: s
 
 
 def _write_step(model: CachedModel, chooser: Chooser, seq: list[int], max_step_tokens: int,
-                budget: int) -> tuple[list[int], bool]:
+                budget: int) -> tuple[list[int], bool, float]:
     """One step by ``model`` after ``seq``: tokens up to and including the delimiter. Returns
-    (tokens, whether the sequence ended). The last token is not fed: whoever writes next feeds it
-    along with any other tokens it has not seen, in one forward."""
+    (tokens, whether the sequence ended, the model's probability of its least likely token there:
+    its own doubt, read from logits it computed anyway). The last token is not fed: whoever writes
+    next feeds it along with any other tokens it has not seen, in one forward."""
     tok = model.lm.tokenizer
     logits = model.sync(seq)
     step: list[int] = []
+    confidence = 1.0
     while True:
         t = chooser.pick(logits)
+        confidence = min(confidence, float(torch.softmax(logits.float(), dim=-1)[t]))
         if t in model.lm.eos_ids:
-            return step, True
+            return step, True, confidence
         step.append(t)
         if len(step) >= budget:
-            return step, True
+            return step, True, confidence
         text = tok.decode(step)
         if len(step) >= max_step_tokens or (text.endswith(STEP_DELIMITER) and text.strip()):
-            return step, False
+            return step, False, confidence
         logits = model.feed([t])
 
 

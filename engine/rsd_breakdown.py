@@ -1,6 +1,7 @@
 """Where RSD loses accuracy: every wrong answer classified by its first wrong step.
 
-    python -m engine.rsd_breakdown --n 300 --seed 3000000 [--threshold 0.7] [--out breakdown.json]
+    python -m engine.rsd_breakdown --n 300 --seed 3000000 [--threshold 0.7] [--draft-confidence G]
+        [--out breakdown.json]
 
 Runs ``target`` and ``rsd`` on ``--n`` held-out ``arithmetic`` prompts (seeds from ``--seed``,
 far from training's and from the docs' other evaluations) and reads each RSD chain against the
@@ -78,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.rsd_breakdown", description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--seed", type=int, default=3_000_000)
-    ap.add_argument("--threshold", type=float, default=RunConfig().threshold)
+    ap.add_argument("--threshold", type=float, default=None, help="the PRM's (default: the model's tuned one)")
+    ap.add_argument("--draft-confidence", type=float, default=None,
+                    help="also rewrite steps the draft doubts (default: the model's tuned value)")
     ap.add_argument("--model", default="tiny-reasoner")
     ap.add_argument("--draft-model", default="tiny-reasoner-draft")
     ap.add_argument("--prm", default="tiny-prm")
@@ -93,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         target, draft = load_model(args.model), load_model(args.draft_model)
         check_pair(target, draft)
         scorer = make_scorer(args.prm)
-        cfg = RunConfig(**{**recommended_settings(args.model), "threshold": args.threshold})
+        flags = {k: v for k, v in (("threshold", args.threshold), ("draft_confidence", args.draft_confidence))
+                 if v is not None}
+        cfg = RunConfig(**{**recommended_settings(args.model), **flags})
     except (ValueError, ModelLoadError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -114,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
            for k in ("wrong_rejected", "wrong_kept", "right_rejected", "right_kept")}
     missed_scores = [s for r in rows for s in r["prm"]["wrong_kept"] if s is not None]
     summary = {
-        "n": n, "threshold": args.threshold,
+        "n": n, "seeds": f"{args.seed}..{args.seed + n - 1}", "threshold": cfg.threshold,
+        "draft_confidence": cfg.draft_confidence,
         "target_accuracy": sum(r["target_correct"] for r in rows) / n,
         "target_wilson95": wilson(sum(r["target_correct"] for r in rows), n),
         "rsd_accuracy": sum(r["rsd_correct"] for r in rows) / n,

@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-think", type=int, default=None)
     ap.add_argument("--max-answer", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--draft-confidence", type=float, default=None,
+                    help="also rewrite steps the draft doubts (default: the model's tuned value)")
     args = ap.parse_args(argv)
     if args.threads:
         import torch  # noqa: PLC0415
@@ -88,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         thresholds = [float(t) for t in args.thresholds.split(",") if t.strip()]
         flags = {k: v for k, v in {"max_think": args.max_think, "max_answer": args.max_answer}.items() if v}
-        base = {**recommended_settings(args.model), **flags}  # the model's tuned budgets under the flags
+        if args.draft_confidence is not None:
+            flags["draft_confidence"] = args.draft_confidence
+        base = {**recommended_settings(args.model), **flags}  # the model's tuned settings under the flags
         configs = {t: RunConfig(**base, threshold=t) for t in thresholds}
         prompts = read_prompts(args.prompts)
         target = load_model(args.model)

@@ -47,7 +47,7 @@ import sqlite_utils
 
 from engine.events import DoneEvent, Event, PhaseEvent, RunStats, StepEvent, TokenEvent
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 class RunLogError(ValueError):
@@ -120,7 +120,13 @@ def _migrate_4(db: sqlite_utils.Database) -> None:
             db["runs"].add_column(name, kind)
 
 
-MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4}
+def _migrate_5(db: sqlite_utils.Database) -> None:
+    """Version 5 (RSD): a step event carries the draft's confidence (its least likely token)."""
+    if "confidence" not in db["events"].columns_dict:
+        db["events"].add_column("confidence", float)
+
+
+MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5}
 
 
 def _stats_columns() -> dict:
@@ -129,7 +135,7 @@ def _stats_columns() -> dict:
 
 
 EVENT_COLUMNS = ("run_id", "seq", "kind", "stream", "status", "token_id", "text", "position", "draft", "source",
-                 "match_len", "t", "phase", "at_token", "reward", "accepted")
+                 "match_len", "t", "phase", "at_token", "reward", "accepted", "confidence")
 INDEXES = {("method",), ("prompt_hash",)}
 
 
@@ -340,7 +346,7 @@ def _event_row(run_id: int, seq: int, ev: Event) -> dict:
         row.update(phase=ev.phase, draft=ev.draft, at_token=ev.at_token)
     elif isinstance(ev, StepEvent):
         row.update(position=ev.index, text=ev.text, source=ev.source, reward=ev.reward,
-                   accepted=None if ev.accepted is None else int(ev.accepted))
+                   accepted=None if ev.accepted is None else int(ev.accepted), confidence=ev.confidence)
     else:
         row.update(stream=ev.stream, status=ev.status, token_id=ev.token_id, text=ev.text, position=ev.position,
                    draft=ev.draft, source=ev.source, match_len=ev.match_len)
@@ -352,7 +358,7 @@ def _row_event(r: dict) -> Event:
         return PhaseEvent(r["phase"], r["t"], r["draft"], r["at_token"])
     if r["kind"] == "step":
         return StepEvent(r["position"], r["text"], r["source"], r["reward"],
-                         None if r["accepted"] is None else bool(r["accepted"]), r["t"])
+                         None if r["accepted"] is None else bool(r["accepted"]), r["t"], r.get("confidence"))
     return TokenEvent(r["stream"], r["status"], r["token_id"], r["text"], r["position"], r["t"], r["draft"],
                       r["source"], r["match_len"])
 

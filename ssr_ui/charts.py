@@ -115,22 +115,39 @@ def sweep_chart(points: list[dict]) -> go.Figure:
 
 def rsd_by_threshold(rows: list[dict]) -> go.Figure:
     """History: RSD runs grouped by threshold: mean accuracy (runs with a reference, e.g. from the
-    bench with --db) and mean FLOPs against the target's on the same prompts."""
+    bench with --db) and FLOPs, as a ratio to the target's (or plain decoding's, which is the
+    target writing alone) on the same prompts where those were logged, else absolute; the
+    target's accuracy on those prompts as a dotted line."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    ref: dict[tuple, list[dict]] = {}
+    for r in ok:
+        if r["method"] in ("target", "baseline") and r.get("flops"):
+            ref.setdefault((r["prompt_hash"], r["model"]), []).append(r)
     groups: dict[float, list[dict]] = {}
-    for r in rows:
-        if r["method"] == "rsd" and r["status"] == "ok":
+    for r in ok:
+        if r["method"] == "rsd":
             groups.setdefault(json.loads(r["config"]).get("threshold"), []).append(r)
     xs = sorted(t for t in groups if t is not None)
     acc = [_mean([g["correct"] for g in groups[t] if g["correct"] is not None]) for t in xs]
-    flops = [_mean([g["flops"] for g in groups[t]]) for t in xs]
+    ratios = [_mean([g["flops"] / _mean([b["flops"] for b in ref[(g["prompt_hash"], g["model"])]])
+                     for g in groups[t] if (g["prompt_hash"], g["model"]) in ref]) for t in xs]
+    relative = all(r is not None for r in ratios) and bool(xs)
+    flops = ratios if relative else [_mean([g["flops"] for g in groups[t]]) for t in xs]
     fig = go.Figure()
     if any(a is not None for a in acc):
         fig.add_trace(go.Scatter(x=xs, y=acc, name="RSD accuracy", mode="lines+markers", marker_color=COLORS["rsd"]))
-    fig.add_trace(go.Scatter(x=xs, y=flops, name="RSD FLOPs per run", mode="lines+markers", yaxis="y2",
-                             marker=dict(color="#6b7280", size=9), line=dict(dash="dash")))
+        seen = {(g["prompt_hash"], g["model"]) for t in xs for g in groups[t]}
+        target_acc = _mean([b["correct"] for k in seen for b in ref.get(k, []) if b["correct"] is not None])
+        if target_acc is not None:
+            fig.add_hline(y=target_acc, line_dash="dot", line_color=COLORS["target"],
+                          annotation_text="target alone, same prompts", annotation_position="bottom left")
+    fig.add_trace(go.Scatter(x=xs, y=flops, name="RSD FLOPs / target" if relative else "RSD FLOPs per run",
+                             mode="lines+markers", yaxis="y2", marker=dict(color="#6b7280", size=9),
+                             line=dict(dash="dash")))
     _layout(fig, "RSD accuracy and FLOPs vs threshold", xaxis_title="threshold",
             yaxis=dict(title="accuracy", range=[0, 1.05], tickformat=".0%"),
-            yaxis2=dict(title="FLOPs", overlaying="y", side="right", tickformat=".3s", rangemode="tozero"))
+            yaxis2=dict(title="FLOPs / target" if relative else "FLOPs", overlaying="y", side="right",
+                        tickformat=".2f" if relative else ".3s", rangemode="tozero"))
     fig.update_xaxes(tickformat=".2f")
     if not xs:
         return _empty(fig, "No RSD runs yet.")

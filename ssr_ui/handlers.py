@@ -28,7 +28,7 @@ from engine.config import RunConfig, number
 from engine.events import RunStats
 from engine.methods import decoder
 from engine.model import LoadedModel, ModelLoadError, SSRUnsupportedError, load_model
-from engine.presets import recommended_settings
+from engine.presets import provenance, recommended_settings
 from engine.prm import make_scorer
 from engine.rsd import check_pair
 from engine.runlog import RunLog, RunLogError, RunMeta, prompt_hash
@@ -186,7 +186,9 @@ class Studio:
             for name in runs:
                 if job.cancelled:
                     break
-                view = TraceView(method=METHOD_NAMES[name], think_end=_think_end(lm), exact=cfg.exact)
+                view = TraceView(method=METHOD_NAMES[name], think_end=_think_end(lm), exact=cfg.exact,
+                                 rule=self.rsd_rule(model_name, cfg) if name == "RSD" else None,
+                                 dtypes=_dtypes(lm, rsd if name == "RSD" else {}))
                 yield from self._stream(lm, prompt, name, cfg, view, rsd, job, deadline)
                 finals[name] = last = self._frame(view, name, lm, prompt, cfg, final=True)
         finally:
@@ -262,12 +264,34 @@ class Studio:
         identical = view.done.answer_text == rows[0]["answer_text"] if cfg.greedy else None
         out = {"ratio": view.done.stats.wall_s / statistics.median(r["wall_s"] for r in rows), "identical": identical,
                "baselines": len(rows)}
+        flops = [r["flops"] for r in rows if r.get("flops")]
+        if view.done.stats.flops and flops:
+            out["flops_ratio"] = view.done.stats.flops / statistics.median(flops)
         lm = self._models.get(model_id)
         if cfg.greedy and lm is not None and getattr(view.done, "reasoning_ids", None) is not None:
             base = [e.token_id for e in self.log.events(rows[0]["id"])
                     if e.kind == "token" and e.stream in ("reasoning", "answer")]
             out["agreement"] = agreement(lm, prompt, base, view.done.reasoning_ids + view.done.answer_ids)
         return out
+
+    def rsd_rule(self, model_name: str, cfg: RunConfig) -> str:
+        """RSD's acceptance rule as run, and where each number came from."""
+        tuned = recommended_settings(model_name or self.default_model)
+        default = RunConfig()
+
+        def source(field: str) -> str:
+            value = getattr(cfg, field)
+            if field in tuned and tuned[field] == value:
+                return provenance(model_name or self.default_model, field) or "tuned for this model"
+            if value == getattr(default, field):
+                return "the released code's default" if field == "threshold" else "off"
+            return "set here"
+
+        rule = f"PRM score >= {cfg.threshold:g} ({source('threshold')})" if cfg.weighting == "binary" \
+            else f"{cfg.weighting} weighting ({cfg.threshold:g}, {cfg.weight_param:g})"
+        if cfg.draft_confidence:
+            rule += f"; draft's least likely token >= {cfg.draft_confidence:g} ({source('draft_confidence')})"
+        return rule
 
     def sweep(self, prompt: str, model_name: str = "", start: int = 0, stop: int = 200, step: int = 20,
               job: Job | None = None, **settings) -> Iterator[tuple[str, object]]:
@@ -400,6 +424,15 @@ def _json(text) -> dict:
 def _config_has(row: dict, values: dict) -> bool:
     config = _json(row.get("config"))
     return all(config.get(k) == v for k, v in values.items())
+
+
+def _dtypes(lm: LoadedModel, rsd: dict) -> str:
+    """The precision of each model a run uses: "float32", or "target bfloat16 · draft float32 · PRM ..."."""
+    prm = getattr(rsd.get("scorer"), "lm", None)
+    if not rsd:
+        return lm.dtype
+    return " · ".join(f"{who} {m.dtype}" for who, m in (("target", lm), ("draft", rsd.get("draft")), ("PRM", prm))
+                      if m is not None)
 
 
 def _think_end(lm: LoadedModel) -> str | None:

@@ -124,6 +124,9 @@ def build_app(studio: Studio) -> gr.Blocks:
                     weighting = gr.Dropdown(list(WEIGHTINGS), value=cfg.weighting, label="Weighting")
                     weight_param = _as_sent(gr.Number(value=cfg.weight_param,
                                                       label="Weight parameter (constant p, logistic a)"))
+                    draft_confidence = _as_sent(gr.Number(
+                        value=cfg.draft_confidence, label="Draft doubt",
+                        info="also rewrite a step whose least likely draft token is below this (0: off, the paper's rule)"))
             gr.Markdown(f"Limits: a run stops after {studio.max_run_s:.0f} s; a model load gives up after "
                         f"{studio.load_timeout:.0f} s; the prompt plus the budgets must fit the model's context.",
                         elem_classes="limits")
@@ -188,11 +191,13 @@ def build_app(studio: Studio) -> gr.Blocks:
                 suffix_recovery: bool = cfg.suffix_recovery, context_lookup: bool = cfg.context_lookup,
                 temperature: float = cfg.temperature, seed: int = cfg.seed, draft_model: str = "",
                 prm: str = "", threshold: float = cfg.threshold, weighting: str = cfg.weighting,
-                weight_param: float = cfg.weight_param, think_spec: int = cfg.think_spec, exact: bool = cfg.exact):
+                weight_param: float = cfg.weight_param, think_spec: int = cfg.think_spec, exact: bool = cfg.exact,
+                draft_confidence: float = cfg.draft_confidence):
             settings = dict(draft_start=draft_start, max_think=max_think, max_draft=max_draft, max_answer=max_answer,
                             num_drafts=num_drafts, draft_interval=draft_interval, suffix_recovery=suffix_recovery,
                             context_lookup=context_lookup, temperature=temperature, seed=seed, threshold=threshold,
-                            weighting=weighting, weight_param=weight_param, think_spec=think_spec, exact=exact)
+                            weighting=weighting, weight_param=weight_param, think_spec=think_spec, exact=exact,
+                            draft_confidence=draft_confidence)
             with studio.jobs.running(current_event_id(), request.session_hash) as job:
                 if job is None:  # Gradio restarting a job that already ran: never run it twice
                     return
@@ -215,7 +220,7 @@ def build_app(studio: Studio) -> gr.Blocks:
         run_event = run_btn.click(busy, None, buttons, queue=False, **PRIVATE).then(
             run, [prompt, method, model, draft_start, max_think, max_draft, max_answer, num_drafts, draft_interval,
                   suffix, lookup, temperature, seed, draft_model, prm, threshold, weighting, weight_param, think_spec,
-                  exact],
+                  exact, draft_confidence],
             [reasoning_pane, draft_pane, answer_pane, metrics, chart, last_view, draft_pick, last_runs, run_pick],
             api_name="run", concurrency_limit=RUN_CONCURRENCY, show_progress="minimal", show_progress_on=[metrics])
 

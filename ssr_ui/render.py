@@ -66,6 +66,8 @@ class TraceView:
     method: str = ""  # "baseline", "ssr", "rsd", ... (what the Draft pane can expect)
     think_end: str | None = None  # the end-of-thinking marker's text, shown as a badge, not raw
     exact: bool = False  # the run used exact (batch- and width-invariant) forwards
+    rule: str | None = None  # RSD: the acceptance rule and where its numbers came from
+    dtypes: str | None = None  # what precision each model runs in
     notice: str | None = None  # something the user must know about this run (e.g. "not saved: ...")
     _next_step_at: tuple[str, int] = ("reasoning", 0)  # where the next kept step begins
 
@@ -128,8 +130,9 @@ class TraceView:
             rejected = [s for s in self.steps if s.accepted is False]
             if not rejected:
                 return _pane([], "No draft step was rejected." if self.finished else "No draft step rejected so far.")
-            return "".join(f'<div class="pane-note">step {s.index} · PRM score {s.reward:.2f} · rewritten by the '
-                           f'target</div>' + _pane(_trimmed(self.drafts.get(s.index, [])), "")
+            return "".join(f'<div class="pane-note">step {s.index} · PRM score {s.reward:.2f}'
+                           + (f" · the draft's least likely token {s.confidence:.2f}" if s.confidence is not None else "")
+                           + ' · rewritten by the target</div>' + _pane(_trimmed(self.drafts.get(s.index, [])), "")
                            for s in rejected)
         if not self.drafts:
             if self.method in ("baseline", "target", "draft", "hf", "hf-pld"):
@@ -216,7 +219,12 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         items = [i for i in items if i[0] != "recovered"]
         items += [("steps kept", str(c["steps_kept"])), ("steps rewritten", str(c["steps_rewritten"]))]
     if view.stats and view.stats.flops:
-        items.append(("FLOPs", si(view.stats.flops)))
+        ratio = f" ({compare['flops_ratio']:.2f}x baseline)" if compare and compare.get("flops_ratio") else ""
+        items.append(("FLOPs", si(view.stats.flops) + ratio))
+    if view.rule:
+        items.append(("rule", html.escape(view.rule)))
+    if view.dtypes:
+        items.append(("precision", html.escape(view.dtypes)))
     if view.stats and view.stats.ttft_s is not None:
         items.insert(3, ("first answer token", f"{view.stats.ttft_s:.2f} s"))
     if view.stats and view.stats.rejected_lookup:

@@ -165,3 +165,32 @@ def test_incompatible_pair_is_refused_before_anything_runs():
         list(decode_rsd(target, other, None, "hi", RunConfig(**CFG), mode="rsd"))
     with pytest.raises(ValueError, match="needs a process reward model"):
         list(decode_rsd(target, make_model("qwen2"), None, "hi", RunConfig(**CFG), mode="rsd"))
+
+
+# ----------------------------------------------------------------------------- the draft's doubt (beyond the paper)
+
+def test_draft_doubt_rewrites_steps_the_prm_would_keep():
+    """At PRM threshold 0 every step passes the PRM; a doubt threshold of 1 rejects every step whose
+    least likely token the draft gave less than certainty: then RSD is the target alone."""
+    doubting = run("rsd", threshold=0.0, draft_confidence=1.0)
+    assert doubting[-1].reasoning_ids + doubting[-1].answer_ids == \
+        run("target")[-1].reasoning_ids + run("target")[-1].answer_ids
+    rejected = [e for e in doubting if e.kind == "step" and e.accepted is False]
+    assert rejected and all(0.0 <= e.confidence < 1.0 and e.reward is not None for e in rejected)
+    trusting = run("rsd", threshold=0.0, draft_confidence=0.0)[-1]  # off: the paper's rule alone
+    assert trusting.stats.steps_rejected == 0
+
+
+def test_steps_carry_the_drafts_confidence_into_the_log(tmp_path):
+    from engine.runlog import RunLog, RunMeta
+
+    log = RunLog(tmp_path / "runs.db")
+    target, draft, prm_lm = trio()
+    events = list(log.record(decode_rsd(target, draft, MathShepherdScorer(prm_lm), "Start with 7",
+                                        RunConfig(**CFG, draft_confidence=0.5), mode="rsd"),
+                             RunMeta("rsd", "t", "Start with 7")))
+    steps = [e for e in events if e.kind == "step" and e.source == "draft"]
+    assert steps and all(e.confidence is not None for e in steps)
+    assert log.events(log.runs()[0]["id"]) == events[:-1]
+    with pytest.raises(ValueError, match="draft_confidence=1.5 must be in"):
+        RunConfig(draft_confidence=1.5)

@@ -109,8 +109,9 @@ def test_chart_builders(studio):
     assert [t.name for t in charts.token_composition(rows).data] == ["accepted", "recovered", "generated"]
     assert len(charts.speedup_vs_draft_start(rows).data[0].x) == 1
     rsd = charts.rsd_by_threshold(rows)
-    # one RSD run at the default threshold, no reference answers: FLOPs only, and a sentence saying why
-    assert [t.name for t in rsd.data] == ["RSD FLOPs per run"] and list(rsd.data[0].x) == [0.7] and rsd.data[0].y[0] > 0
+    # one RSD run at the default threshold beside a baseline of the same prompt, no reference answers:
+    # FLOPs as a ratio to the target writing alone, and a sentence saying why there is no accuracy
+    assert [t.name for t in rsd.data] == ["RSD FLOPs / target"] and list(rsd.data[0].x) == [0.7] and rsd.data[0].y[0] > 0
     assert "needs runs with a reference" in rsd.layout.annotations[0].text
     bars = charts.latency_bars({"Baseline": 1.0, "SSR": 0.5})
     assert list(bars.data[0].y) == [1.0, 0.5]
