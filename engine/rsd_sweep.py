@@ -60,10 +60,12 @@ def chart(rows: list[dict]):
     fig.add_trace(go.Scatter(x=xs, y=[r["median_flops_ratio_to_target"] for r in rsd], name="FLOPs / target",
                              mode="lines+markers", line=dict(dash="dash")), secondary_y=True)
     if target["accuracy"] is not None:
-        fig.add_hline(y=target["accuracy"], line_dash="dot", annotation_text="target alone accuracy")
-    fig.update_layout(title="RSD threshold sweep", xaxis_title="threshold (binary rule)", height=420)
-    fig.update_yaxes(title_text="accuracy / fraction", range=[0, 1.05], secondary_y=False)
-    fig.update_yaxes(title_text="FLOPs ratio to target", secondary_y=True)
+        fig.add_hline(y=target["accuracy"], line_dash="dot", annotation_text="target alone accuracy",
+                      annotation_position="bottom left")
+    fig.update_layout(title=dict(text="RSD threshold sweep", x=0, xanchor="left"), xaxis_title="threshold (binary rule)",
+                      height=440, legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0))
+    fig.update_yaxes(title_text="accuracy / fraction", range=[0, 1.05], tickformat=".0%", secondary_y=False)
+    fig.update_yaxes(title_text="FLOPs ratio to target", rangemode="tozero", tickformat=".2f", secondary_y=True)
     return fig
 
 
