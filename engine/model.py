@@ -220,8 +220,9 @@ def load_model(name: str | None = None, device: str | None = None, dtype: str | 
                trust_remote_code: bool = False) -> LoadedModel:
     """Load a causal LM and its tokenizer from a bundled name, a preset, a local folder or a Hub id.
 
-    bf16 on GPUs, fp32 on the CPU unless ``dtype`` says otherwise; the bundled models stay fp32. Errors name the id and the
-    reason (missing folder, offline Hub, unknown id) as a :class:`ModelLoadError`.
+    bf16 on GPUs, fp32 on the CPU unless ``dtype`` says otherwise; the bundled models stay fp32.
+    Errors name the id and the reason (missing folder, offline Hub, unknown id) as a
+    :class:`ModelLoadError`.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
 

@@ -91,39 +91,36 @@ def _migrate_1(db: sqlite_utils.Database) -> None:
                          "t": float, "phase": str, "at_token": int}, pk=("run_id", "seq"), if_not_exists=True)
 
 
+def _add_columns(table, columns: dict) -> None:
+    for name, kind in columns.items():
+        if name not in table.columns_dict:
+            table.add_column(name, kind)
+
+
 def _migrate_2(db: sqlite_utils.Database) -> None:
     """Version 2 adds the run's descriptive columns and one column per RunStats field."""
-    columns = {"draft_model": str, "prm": str, "prompt_id": str, "reference": str, "correct": int, "origin": str,
-               "device": str, "versions": str, "reasoning_text": str, "answer_text": str}
-    for name, kind in {**columns, **_stats_columns()}.items():
-        if name not in db["runs"].columns_dict:
-            db["runs"].add_column(name, kind)
+    _add_columns(db["runs"], {"draft_model": str, "prm": str, "prompt_id": str, "reference": str, "correct": int,
+                              "origin": str, "device": str, "versions": str, "reasoning_text": str,
+                              "answer_text": str, **_stats_columns()})
     db["runs"].create_index(["method"], if_not_exists=True)
     db["runs"].create_index(["prompt_hash"], if_not_exists=True)
 
 
 def _migrate_3(db: sqlite_utils.Database) -> None:
     """Version 3 (RSD): step events carry a reward and a verdict; runs gain the RSD accounting."""
-    for name, kind in {"reward": float, "accepted": int}.items():
-        if name not in db["events"].columns_dict:
-            db["events"].add_column(name, kind)
-    for name, kind in _stats_columns().items():
-        if name not in db["runs"].columns_dict:
-            db["runs"].add_column(name, kind)
+    _add_columns(db["events"], {"reward": float, "accepted": int})
+    _add_columns(db["runs"], _stats_columns())
 
 
 def _migrate_4(db: sqlite_utils.Database) -> None:
     """Version 4: one meaning of "rejected" (draft tokens never taken, as the Draft pane shows);
     lookup proposals not taken get their own column. Rows written before keep the old mixed count."""
-    for name, kind in _stats_columns().items():
-        if name not in db["runs"].columns_dict:
-            db["runs"].add_column(name, kind)
+    _add_columns(db["runs"], _stats_columns())
 
 
 def _migrate_5(db: sqlite_utils.Database) -> None:
     """Version 5 (RSD): a step event carries the draft's confidence (its least likely token)."""
-    if "confidence" not in db["events"].columns_dict:
-        db["events"].add_column("confidence", float)
+    _add_columns(db["events"], {"confidence": float})
 
 
 MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5}
@@ -160,8 +157,8 @@ class RunLog:
         self._probe_write()
 
     def _probe_write(self) -> None:
-        """A real write, rolled forward and committed unchanged: file modes do not bind root, and a
-        read-only file or folder only shows when SQLite writes."""
+        """A real write that changes nothing: file modes do not bind root, and a read-only file or
+        folder only shows when SQLite writes."""
         try:
             with contextlib.closing(self._connect()) as conn:
                 conn.execute("update meta set value = value where key = 'schema_version'")

@@ -133,10 +133,6 @@ def restore(cache, ckpt: Checkpoint) -> None:
             layer.is_recurrent_states_initialized[k] = recurrent[k] is not None
 
 
-def has_recurrent(cache) -> bool:
-    return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers)
-
-
 def _copy(states: dict) -> dict:
     return {k: None if v is None else v.clone() for k, v in states.items()}
 

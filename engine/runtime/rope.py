@@ -21,9 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCALED = ("longrope", "dynamic")
-
-
 @dataclass(frozen=True)
 class Rope:
     kind: str | None  # "longrope", "dynamic" or None (frequencies fixed)
