@@ -27,7 +27,7 @@ from engine.agreement import agreement
 from engine.methods import METHODS, SINGLE_MODEL, check_method, decoder
 from engine.prm import make_scorer
 from engine.rsd import RSD_METHODS, check_pair
-from engine.model import ModelLoadError, SSRUnsupportedError, load_model
+from engine.model import ModelLoadError, SSRUnsupportedError, load_model, random_weights_model
 from engine.presets import recommended_settings
 from engine.runlog import RunLog, RunMeta
 from engine.synthetic import check
@@ -163,6 +163,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs before measuring")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--random-weights", action="store_true",
+                    help="build the preset's architecture offline with random weights (real per-token costs)")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--draft-model", default="tiny-reasoner-draft", help="RSD's draft model")
     ap.add_argument("--prm", default="tiny-prm", help="RSD's PRM: a math-shepherd-format model, a "
@@ -191,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = RunConfig(**{**recommended_settings(args.model), **flags})  # the model's tuned settings under the flags
         prompts = read_prompts(args.prompts)
         log = RunLog(args.db) if args.db else None
-        lm = load_model(args.model, device=args.device)
+        if args.random_weights and set(methods) & {"rsd", "target", "draft"}:
+            raise ValueError("--random-weights measures single-model methods; RSD needs trained models")
+        lm = random_weights_model(args.model, args.device) if args.random_weights else load_model(args.model,
+                                                                                                  device=args.device)
         models = {"target": lm, "prm_name": args.prm}
         if "ssr" in methods:
             lm.require_markers()

@@ -1,11 +1,23 @@
-"""The numerics check a GPU owner runs in one command (it runs on a CPU too, smaller, for CI).
+"""The GPU check a GPU owner runs in one command (it runs on a CPU too, smaller, for CI).
 
     python -m engine.gpu_check [--device cuda] [--out gpu_check.json] [--prompts 5] [--tokens 512]
+                               [--bandwidth-gbs 4800]
 
-On CUDA it builds a Qwen3-4B-shaped model (36 layers, hidden 2560, 32 query / 8 KV heads of 128,
-MLP 9728) with random weights in bf16 (meaningless text, real numerics; the bundled tokenizer, so
-the vocabulary is the bundled one's); on the CPU a 4-layer model of the same family in float32.
-It prints, and writes as JSON, for the fast path and for exact mode (``engine.runtime.exact``):
+On CUDA it builds the ``qwen3-4b`` preset's architecture with random weights in bf16 (36 layers,
+hidden 2560, 32 query / 8 KV heads of 128, MLP 9728, its 151,936-token vocabulary; meaningless
+text, real costs; ``engine.model.random_weights_model``); on the CPU a 4-layer model of the same
+family in float32 with the bundled vocabulary. It prints, and writes as JSON:
+
+Speed (the GPU-grade decoding issue):
+
+* ``speed.ms_per_token``: plain decoding (ours), ``generate()`` and ``generate()`` with the static
+  cache, and ``bandwidth_limit_ms`` (the weights' bytes over ``--bandwidth-gbs``, H200 by default);
+* ``speed.step_with_draft_row``: a reasoning step with a draft row riding, over a lone step;
+* ``speed.verify32_over_step1``: a 32-token forward over a 1-token forward at the same length;
+* ``bundled``: the bundled ``tiny-reasoner`` on this device, held-out ``classes`` prompts: SSR and
+  prompt-lookup ``generate()`` latency over plain decoding, and how many answers are identical.
+
+Numerics (the exact-mode issue), for the fast path and for exact mode (``engine.runtime.exact``):
 
 * ``rows_max_abs_diff``: row 0's logits beside 1 and 2 other rows vs alone (0 means bitwise equal);
 * ``width_max_abs_diff``: a token fed alone vs at every offset of a 4-, 16- and 32-token window;
@@ -30,12 +42,13 @@ import torch
 from engine.agreement import agreement
 from engine.baseline import decode_baseline
 from engine.config import RunConfig
-from engine.model import LoadedModel, find_markers, pick_device
-from engine.presets import BUNDLED_DIR
+from engine.methods import decoder
+from engine.model import LoadedModel, load_model, pick_device, random_weights_model
+from engine.presets import BUNDLED_DIR, recommended_settings
+from engine.runtime.cache import checkpoint
 from engine.ssr import decode_ssr
+from engine.synthetic import EVAL_SEED_BASE, make_example
 
-QWEN3_4B = dict(num_hidden_layers=36, hidden_size=2560, intermediate_size=9728, num_attention_heads=32,
-                num_key_value_heads=8, head_dim=128, max_position_embeddings=40960)
 SMALL = dict(num_hidden_layers=4, hidden_size=128, intermediate_size=384, num_attention_heads=4,
              num_key_value_heads=2, head_dim=32, max_position_embeddings=4096)
 PROMPTS = ["Write a Python class Garden. Fields: rose, tulip, daisy.", "Start with 12, then add 30. What is it?",
@@ -43,17 +56,77 @@ PROMPTS = ["Write a Python class Garden. Fields: rose, tulip, daisy.", "Start wi
            "Convert 3 hours 20 minutes into minutes."]
 
 
-def random_model(device: torch.device, seed: int = 0) -> LoadedModel:
-    """A Qwen3-shaped model with random weights (Qwen3-4B's shapes on CUDA, small on the CPU)."""
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM  # noqa: PLC0415
+def random_model(device: torch.device) -> LoadedModel:
+    """The qwen3-4b preset with random weights on CUDA; a small model of its family on the CPU."""
+    if device.type == "cuda":
+        return random_weights_model("qwen3-4b", str(device))
+    from transformers import AutoTokenizer  # noqa: PLC0415
 
-    tok = AutoTokenizer.from_pretrained(BUNDLED_DIR / "tiny-reasoner")
-    shape = QWEN3_4B if device.type == "cuda" else SMALL
-    config = Qwen3Config(vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **shape)
-    torch.manual_seed(seed)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = Qwen3ForCausalLM(config).to(device=device, dtype=dtype).eval()
-    return LoadedModel(model, tok, f"random-qwen3-{'4b' if device.type == 'cuda' else 'small'}", find_markers(tok))
+    vocab = len(AutoTokenizer.from_pretrained(BUNDLED_DIR / "tiny-reasoner"))
+    return random_weights_model("qwen3-4b", str(device), vocab_size=vocab, tie_word_embeddings=False, **SMALL)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_s(fn, device: torch.device, repeat: int = 10) -> float:
+    times = []
+    for _ in range(repeat):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def speed(lm: LoadedModel, prompts: list[str], tokens: int, bandwidth_gbs: float) -> dict:
+    """Per-token cost of plain decoding against generate() (plain and static cache) and the
+    bandwidth bound; what a draft row and a 32-token verify add to a step."""
+    cfg = RunConfig(max_think=tokens, max_answer=8, draft_start=min(16, tokens - 1), max_draft=64)
+    per_token = {}
+    for method in ("baseline", "hf", "hf-static"):
+        run = decoder(method, lm)
+        list(run(prompts[0], cfg))  # warm-up (and, for hf-static on a GPU, its compilation)
+        done = [list(run(p, cfg))[-1] for p in prompts]
+        per_token[method] = statistics.median(d.stats.wall_s / max(1, d.stats.reasoning_tokens + d.stats.answer_tokens)
+                                              for d in done) * 1e3
+    weight_bytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())
+    ssr = [list(decode_ssr(lm, p, cfg))[-1].stats for p in prompts]
+    ratios = [s.step_s_drafting / s.step_s_alone for s in ssr if s.step_s_drafting and s.step_s_alone]
+    ids = lm.prompt_ids(" ".join(PROMPTS))[:64]
+    lm.begin_run()
+    cache = lm.new_cache()
+    lm.step_logits(ids[:32], cache, 0)
+
+    def step(width: int):
+        lm.step_logits(ids[32 : 32 + width], cache, 32)
+        lm.rewind(cache, checkpoint(cache, 32), [])
+
+    return {"ms_per_token": per_token, "baseline_over_hf_static_tokens_per_s": per_token["hf-static"] / per_token["baseline"],
+            "weights_gb": weight_bytes / 1e9, "bandwidth_limit_ms": weight_bytes / (bandwidth_gbs * 1e9) * 1e3,
+            "step_with_draft_row": statistics.median(ratios) if ratios else None,
+            "verify32_over_step1": _median_s(lambda: step(32), lm.device) / _median_s(lambda: step(1), lm.device)}
+
+
+def bundled(device: torch.device, n: int) -> dict:
+    """The bundled tiny-reasoner on this device, held-out classes prompts, interleaved per prompt."""
+    lm = load_model("tiny-reasoner", device=str(device))
+    cfg = RunConfig(**recommended_settings("tiny-reasoner"))
+    prompts = [make_example("classes", EVAL_SEED_BASE + i).prompt for i in range(n)]
+    runs = {m: [] for m in ("baseline", "ssr", "hf-pld")}
+    for m in runs:  # warm-up
+        list(decoder(m, lm)(prompts[0], cfg))
+    for p in prompts:
+        for m in runs:
+            runs[m].append(list(decoder(m, lm)(p, cfg))[-1])
+    ratio = {m: statistics.median(r.stats.wall_s / b.stats.wall_s for r, b in zip(runs[m], runs["baseline"]))
+             for m in ("ssr", "hf-pld")}
+    same = sum(s.answer_ids == b.answer_ids for s, b in zip(runs["ssr"], runs["baseline"]))
+    return {"prompts": n, "ssr_over_baseline": ratio["ssr"], "hf_pld_over_baseline": ratio["hf-pld"],
+            "ssr_answers_identical": same}
 
 
 def _logits(lm: LoadedModel, rows: list[list[int]], prefix: list[int], exact: bool) -> torch.Tensor:
@@ -100,13 +173,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="gpu_check.json")
     ap.add_argument("--prompts", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=None, help="reasoning tokens per run (512 on CUDA, 48 on a CPU)")
+    ap.add_argument("--bandwidth-gbs", type=float, default=4800.0, help="memory bandwidth for the bound (H200)")
+    ap.add_argument("--bundled-prompts", type=int, default=10)
     args = ap.parse_args(argv)
     device = pick_device(args.device)
     tokens = args.tokens or (512 if device.type == "cuda" else 48)
     start = time.perf_counter()
     lm = random_model(device)
-    report: dict = {"device": str(device), "model": lm.model_id, "dtype": str(next(lm.model.parameters()).dtype),
-                    "torch": torch.__version__}
+    report: dict = {"device": str(device), "model": lm.model_id, "dtype": lm.dtype, "torch": torch.__version__}
+    report["speed"] = speed(lm, PROMPTS[: args.prompts], tokens, args.bandwidth_gbs)
+    s = report["speed"]
+    print(f"speed: ms/token {s['ms_per_token']} (bandwidth bound {s['bandwidth_limit_ms']:.2f}); step with a draft "
+          f"row {s['step_with_draft_row']}x; 32-token verify {s['verify32_over_step1']:.2f}x a 1-token step", flush=True)
+    report["bundled"] = bundled(device, args.bundled_prompts)
+    print(f"bundled tiny-reasoner: {report['bundled']}", flush=True)
     for mode, exact in (("fast", False), ("exact", True)):
         report[mode] = {**invariance(lm, exact), "agreement": agreements(lm, PROMPTS[: args.prompts], tokens, exact)}
         print(f"{mode:>5}: rows {report[mode]['rows_max_abs_diff']}  width {report[mode]['width_max_abs_diff']}  "

@@ -25,6 +25,7 @@ SINGLE_MODEL = {
     "ssr": decode_ssr,
     "hf": decode_hf,
     "hf-pld": partial(decode_hf, prompt_lookup=True),
+    "hf-static": partial(decode_hf, static=True),
 }
 METHODS = (*SINGLE_MODEL, *RSD_METHODS)
 

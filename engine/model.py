@@ -255,3 +255,28 @@ def load_model(name: str | None = None, device: str | None = None, dtype: str | 
     if dev.type != "cuda":
         model = model.to(dev)
     return LoadedModel(model, tokenizer, name or "tiny-reasoner", find_markers(tokenizer, preset), preset)
+
+
+def random_weights_model(name: str, device: str | None = None, dtype: str | None = None, seed: int = 0,
+                         **overrides) -> LoadedModel:
+    """A preset's architecture with random weights and the bundled tokenizer, built offline
+    (``--random-weights``): meaningless text, real per-token costs. ``overrides`` change shapes
+    (``engine.gpu_check`` shrinks the model on a CPU). Output rows of ids the bundled tokenizer
+    lacks are zeroed, so every generated id decodes."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM  # noqa: PLC0415
+
+    preset = PRESETS.get(name)
+    if preset is None or preset.shape is None:
+        shaped = ", ".join(n for n, p in PRESETS.items() if p.shape)
+        raise ModelLoadError(f"random weights need a preset whose shapes are written in ({shaped}), not {name!r}")
+    config_cls, model_cls = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[preset.arch]
+    tok = AutoTokenizer.from_pretrained(BUNDLED_DIR / "tiny-reasoner")
+    config = config_cls(**{**preset.shape, **overrides}, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    dev = pick_device(device)
+    torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    torch.manual_seed(seed)
+    with torch.device(dev):
+        model = model_cls._from_config(config, dtype=torch_dtype)
+    with torch.no_grad():
+        model.get_output_embeddings().weight[len(tok):] = 0
+    return LoadedModel(model, tok, f"{name} (random weights)", find_markers(tok), preset)

@@ -1,8 +1,10 @@
-"""The peers a user could pick instead: ``transformers`` ``generate()``, plain and prompt-lookup.
+"""The peers a user could pick instead: ``transformers`` ``generate()``: plain, prompt-lookup, static.
 
 Methods ``hf`` (greedy or sampled ``generate()`` on the same templated input, with
-``max_new_tokens = max_think + max_answer``) and ``hf-pld`` (the same with
-``prompt_lookup_num_tokens=10``). Their output is split at the end-of-thinking marker into the
+``max_new_tokens = max_think + max_answer``), ``hf-pld`` (the same with
+``prompt_lookup_num_tokens=10``) and ``hf-static`` (the same with the static cache,
+``cache_implementation="static"``, which transformers compiles by itself on a GPU: what a
+transformers user picks for speed; the bench's warm-up run absorbs that compilation). Their output is split at the end-of-thinking marker into the
 reasoning and answer streams; the events are emitted after ``generate()`` returns, each with the
 time the token was produced (recorded by a streamer), so latency and time to first answer token
 are measured the same way as for our own loops. ``generate()`` does no budget forcing.
@@ -42,11 +44,14 @@ class _Clock(BaseStreamer):
         pass
 
 
-def decode_hf(lm: LoadedModel, prompt: str, cfg: RunConfig, prompt_lookup: bool = False) -> Iterator[Event]:
-    """Yield the events of one ``generate()`` call (``prompt_lookup``: with prompt-lookup decoding)."""
+def decode_hf(lm: LoadedModel, prompt: str, cfg: RunConfig, prompt_lookup: bool = False,
+              static: bool = False) -> Iterator[Event]:
+    """Yield the events of one ``generate()`` call (``prompt_lookup``: with prompt-lookup decoding;
+    ``static``: with the static cache)."""
     prompt_ids = lm.prompt_ids(prompt)
     lm.check_fits(len(prompt_ids), cfg.max_think + cfg.max_answer)
-    rec = Recorder(lm.tokenizer, "hf-pld" if prompt_lookup else "hf", len(prompt_ids), lm.device)
+    rec = Recorder(lm.tokenizer, "hf-pld" if prompt_lookup else "hf-static" if static else "hf", len(prompt_ids),
+                   lm.device)
     calls = [0]
     hook = lm.model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     clock = _Clock()
@@ -59,6 +64,8 @@ def decode_hf(lm: LoadedModel, prompt: str, cfg: RunConfig, prompt_lookup: bool 
         kwargs.update(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0)
     if prompt_lookup:
         kwargs["prompt_lookup_num_tokens"] = PLD_TOKENS
+    if static:
+        kwargs["cache_implementation"] = "static"
     lm.begin_run(cfg.exact)
     start = time.perf_counter()
     try:

@@ -23,17 +23,32 @@ class Preset:
     think_close: str = "</think>"
     close_tail: str = "\n\n"  # what the template writes after the end marker, before the answer
     note: str = ""
+    # the architecture's shapes (from the model's published config), so that --random-weights builds
+    # it offline: meaningless text, real per-token costs
+    arch: str | None = None
+    shape: dict | None = None
+
+
+QWEN3_SHAPE = dict(vocab_size=151936, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                   tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+                   max_position_embeddings=40960)
 
 
 PRESETS: dict[str, Preset] = {
     "qwen3-0.6b": Preset("Qwen/Qwen3-0.6B"),
-    "qwen3-1.7b": Preset("Qwen/Qwen3-1.7B"),
-    "qwen3-4b": Preset("Qwen/Qwen3-4B"),
+    "qwen3-1.7b": Preset("Qwen/Qwen3-1.7B", arch="qwen3", shape={
+        **QWEN3_SHAPE, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
+        "num_attention_heads": 16}),
+    "qwen3-4b": Preset("Qwen/Qwen3-4B", arch="qwen3", shape={
+        **QWEN3_SHAPE, "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36}),
     "qwen3-8b": Preset("Qwen/Qwen3-8B"),
     "qwen3.5-4b": Preset("Qwen/Qwen3.5-4B", note="the SSR paper's Qwen model"),
     "gemma-4-e4b-it": Preset("google/gemma-4-E4B-it", think_open="<|channel>thought\n",
                              think_close="<channel|>", close_tail="", note="the SSR paper's Gemma model"),
-    "deepseek-r1-distill-qwen-1.5b": Preset("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"),
+    "deepseek-r1-distill-qwen-1.5b": Preset("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", arch="qwen2", shape=dict(
+        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+        num_key_value_heads=2, tie_word_embeddings=False, max_position_embeddings=131072,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
     "deepseek-r1-distill-qwen-7b": Preset("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"),
 }
 

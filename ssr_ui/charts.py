@@ -13,7 +13,7 @@ import json
 import plotly.graph_objects as go
 
 METHOD_COLORS = {"baseline": "#6b7280", "ssr": "#2563eb", "rsd": "#9333ea", "target": "#b45309",
-                 "draft": "#0d9488", "hf": "#db2777", "hf-pld": "#65a30d"}
+                 "draft": "#0d9488", "hf": "#db2777", "hf-pld": "#65a30d", "hf-static": "#0891b2"}
 COLORS = {**METHOD_COLORS, **{k.capitalize(): v for k, v in METHOD_COLORS.items()}, "SSR": "#2563eb",
           "RSD": "#9333ea", "accepted": "#16a34a", "recovered": "#d97706", "generated": "#9ca3af"}
 LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0)

@@ -176,3 +176,42 @@ def test_bundled_model_gets_its_tuned_settings_by_name_or_folder():
     assert recommended_settings(str(BUNDLED_DIR / "tiny-reasoner")) == tuned
     assert recommended_settings(None) == tuned  # the default model
     assert recommended_settings("Qwen/Qwen3-0.6B") == {}
+
+
+def test_hf_static_peer_equals_our_plain_loop():
+    """generate() with the static cache, as a transformers user picks it for speed, on a tiny model."""
+    from engine.baseline import decode_baseline
+    from engine.config import RunConfig
+    from engine.methods import decoder
+    from tests.tiny import make_model
+
+    lm = make_model("qwen3", init_scale=3.0)
+    cfg = RunConfig(max_think=12, max_answer=6)
+    static = list(decoder("hf-static", lm)("hello world", cfg))[-1]
+    plain = list(decode_baseline(lm, "hello world", cfg))[-1]
+    assert static.stats.method == "hf-static" and static.reasoning_ids[:12] == plain.reasoning_ids[:12]
+
+
+def test_random_weights_build_a_presets_architecture_offline():
+    import pytest
+
+    from engine.model import ModelLoadError, random_weights_model
+
+    lm = random_weights_model("deepseek-r1-distill-qwen-1.5b", "cpu", num_hidden_layers=1, hidden_size=48,
+                              intermediate_size=96, num_attention_heads=4, num_key_value_heads=2)
+    assert type(lm.model).__name__ == "Qwen2ForCausalLM" and lm.model.config.vocab_size == 151936
+    assert lm.model.lm_head.weight[len(lm.tokenizer):].abs().sum() == 0  # every id it can pick decodes
+    with pytest.raises(ModelLoadError, match="shapes are written in"):
+        random_weights_model("tiny-reasoner")
+    assert main_exit(["--model", "tiny-reasoner", "--random-weights", "--methods", "baseline"]) == 2
+
+
+def main_exit(args):
+    import tempfile
+
+    from engine import bench
+
+    folder = tempfile.mkdtemp()
+    prompts = f"{folder}/p.jsonl"
+    open(prompts, "w").write('{"prompt": "hi"}\n')
+    return bench.main([*args, "--prompts", prompts, "--out", f"{folder}/out.json"])

@@ -96,8 +96,12 @@ def test_gpu_check_runs_on_the_cpu(tmp_path):
     from engine import gpu_check
 
     out = tmp_path / "check.json"
-    assert gpu_check.main(["--device", "cpu", "--prompts", "2", "--tokens", "12", "--out", str(out)]) == 0
+    assert gpu_check.main(["--device", "cpu", "--prompts", "2", "--tokens", "12", "--bundled-prompts", "1",
+                           "--out", str(out)]) == 0
     report = json.loads(out.read_text())
+    speed = report["speed"]
+    assert set(speed["ms_per_token"]) == {"baseline", "hf", "hf-static"} and speed["verify32_over_step1"] > 0
+    assert speed["weights_gb"] > 0 and report["bundled"]["ssr_answers_identical"] == 1
     exact = report["exact"]
     assert set(exact["rows_max_abs_diff"].values()) == {0.0} and set(exact["width_max_abs_diff"].values()) == {0.0}
     assert exact["agreement"]["identical"] == exact["agreement"]["of"] == 2
