@@ -100,10 +100,11 @@ def speed(lm: LoadedModel, prompts: list[str], tokens: int, bandwidth_gbs: float
     lm.begin_run()
     cache = lm.new_cache()
     lm.step_logits(ids[:32], cache, 0)
+    before = checkpoint(cache, 32)  # what each timed step rolls back to
 
     def step(width: int):
         lm.step_logits(ids[32 : 32 + width], cache, 32)
-        lm.rewind(cache, checkpoint(cache, 32), [])
+        lm.rewind(cache, before, [])
 
     return {"ms_per_token": per_token, "baseline_over_hf_static_tokens_per_s": per_token["hf-static"] / per_token["baseline"],
             "weights_gb": weight_bytes / 1e9, "bandwidth_limit_ms": weight_bytes / (bandwidth_gbs * 1e9) * 1e3,
@@ -129,7 +130,8 @@ def bundled(device: torch.device, n: int) -> dict:
             "ssr_answers_identical": same}
 
 
-def _logits(lm: LoadedModel, rows: list[list[int]], prefix: list[int], exact: bool) -> torch.Tensor:
+def logits_beside(lm: LoadedModel, rows: list[list[int]], prefix: list[int], exact: bool) -> torch.Tensor:
+    """Logits ``[rows, T, V]`` (float32) of ``rows`` fed together after a shared ``prefix``."""
     lm.begin_run(exact)
     cache = lm.new_cache()
     lm.step_logits(prefix, cache, 0)
@@ -141,14 +143,14 @@ def invariance(lm: LoadedModel, exact: bool) -> dict:
     """Largest logit difference of the same token across row counts and window widths."""
     ids = lm.prompt_ids(" ".join(PROMPTS))
     prefix, mine = ids[:24], ids[24:30]
-    alone = _logits(lm, [mine], prefix, exact)[0]
+    alone = logits_beside(lm, [mine], prefix, exact)[0]
     others = [[(t * 7 + 3) % len(lm.tokenizer) for t in mine], [(t * 13 + 1) % len(lm.tokenizer) for t in mine]]
-    rows = {n + 1: float((_logits(lm, [mine, *others[:n]], prefix, exact)[0] - alone).abs().max()) for n in (1, 2)}
+    rows = {n + 1: float((logits_beside(lm, [mine, *others[:n]], prefix, exact)[0] - alone).abs().max()) for n in (1, 2)}
     width = {}
     for k in (4, 16, 32):
         window = ids[24 : 24 + k]
-        together = _logits(lm, [window], prefix, exact)[0]
-        width[k] = max(float((together[j] - _logits(lm, [window[j : j + 1]], prefix + window[:j], exact)[0, 0])
+        together = logits_beside(lm, [window], prefix, exact)[0]
+        width[k] = max(float((together[j] - logits_beside(lm, [window[j : j + 1]], prefix + window[:j], exact)[0, 0])
                              .abs().max()) for j in range(k))
     return {"rows_max_abs_diff": rows, "width_max_abs_diff": width}
 

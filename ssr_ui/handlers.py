@@ -33,7 +33,7 @@ from engine.prm import make_scorer
 from engine.rsd import check_pair
 from engine.runlog import RunLog, RunLogError, RunMeta, prompt_hash
 from ssr_ui import charts
-from ssr_ui.jobs import Job, Jobs
+from ssr_ui.jobs import Job, Jobs, json_object
 from ssr_ui.render import CSS, TraceView, error_html, metrics_html
 
 log = logging.getLogger(__name__)
@@ -352,9 +352,7 @@ class Studio:
             path = folder / "runs.csv"
             path.write_text(runs_to_csv(self.log.runs(limit=100_000)), encoding="utf-8")
             return str(path)
-        if run_id is None or run_id == "":
-            raise ValueError("enter a run id from the table first")
-        run_id = number("run id", run_id, whole=True)
+        run_id = _run_id(run_id)
         row, events = self.log.run(run_id), self.log.events(run_id)
         if kind == "json":
             text = run_to_json(row, events)
@@ -379,9 +377,7 @@ class Studio:
 
     def replay(self, run_id) -> Frame:
         """Re-render a past run from its logged events."""
-        if run_id is None or run_id == "":
-            raise ValueError("enter a run id from the table")
-        run_id = number("run id", run_id, whole=True)
+        run_id = _run_id(run_id)
         return self._past(self.log.run(run_id), self.log.events(run_id))
 
     def _past(self, row: dict, events: list) -> Frame:
@@ -395,7 +391,7 @@ class Studio:
         compare = None
         if row.get("method") not in (None, "baseline") and view.stats.wall_s and row.get("prompt"):
             config = row.get("config")
-            cfg = RunConfig(**{k: v for k, v in (config if isinstance(config, dict) else _json(config)).items()
+            cfg = RunConfig(**{k: v for k, v in (config if isinstance(config, dict) else json_object(config)).items()
                                if k in RunConfig.field_names()})
             view.done = _Done(view.stats, row.get("answer_text") or "")
             compare = self.compare_to_baseline(view, str(row.get("model")), row["prompt"], cfg)
@@ -411,18 +407,15 @@ class _Done:
     answer_text: str
 
 
-def _json(text) -> dict:
-    import json  # noqa: PLC0415
-
-    try:
-        doc = json.loads(text or "{}")
-    except ValueError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
+def _run_id(value) -> int:
+    """A run id typed in History (or sent through the API), as a whole number."""
+    if value is None or value == "":
+        raise ValueError("enter a run id from the table first")
+    return number("run id", value, whole=True)
 
 
 def _config_has(row: dict, values: dict) -> bool:
-    config = _json(row.get("config"))
+    config = json_object(row.get("config"))
     return all(config.get(k) == v for k, v in values.items())
 
 

@@ -146,7 +146,7 @@ class CancelRoute:
             await self.app(scope, receive, send)
 
     async def _cancel(self, receive, send) -> None:
-        body = _json(await _read(receive))
+        body = json_object(await _read(receive))
         self.jobs.cancel(body.get("event_id") or None, body.get("session_hash"))
         payload = b'{"success": true}'
         await send({"type": "http.response.start", "status": 200,
@@ -155,7 +155,7 @@ class CancelRoute:
 
     async def _join(self, scope, receive, send) -> None:
         raw = await _read(receive)
-        session = _json(raw).get("session_hash")
+        session = json_object(raw).get("session_hash")
         self.jobs.joining(session)
         reply, answered = b"", False
 
@@ -167,7 +167,7 @@ class CancelRoute:
             if message["type"] == "http.response.body":
                 reply += message.get("body", b"")
                 if not message.get("more_body"):
-                    event_id = _json(reply).get("event_id")
+                    event_id = json_object(reply).get("event_id")
                     answered = True
                     self.jobs.joined(event_id if isinstance(event_id, str) else None, session)
             await send(message)
@@ -188,7 +188,8 @@ async def _read(receive) -> bytes:
             return body
 
 
-def _json(raw: bytes) -> dict:
+def json_object(raw: bytes | str | None) -> dict:
+    """A JSON document that should be an object, as a dict ({} for anything else)."""
     try:
         doc = json.loads(raw or b"{}")
     except ValueError:

@@ -16,6 +16,7 @@ import torch
 from engine.agreement import agreement
 from engine.baseline import decode_baseline
 from engine.config import RunConfig
+from engine.gpu_check import logits_beside as _logits
 from engine.ssr import decode_ssr
 from tests.tiny import make_model
 
@@ -26,15 +27,6 @@ PROMPT = "Start with 7. 7 plus 5 is 12, then the lazy dog jumps over the fence"
 @functools.lru_cache(maxsize=None)
 def fp32(arch: str):
     return make_model(arch, seed=4, dtype=torch.float32, init_scale=3.0)
-
-
-def _logits(lm, rows: list[list[int]], prefix: list[int], exact: bool) -> torch.Tensor:
-    """Logits ``[rows, T, V]`` of ``rows`` fed together after a shared ``prefix``."""
-    lm.begin_run(exact)
-    cache = lm.new_cache()
-    lm.step_logits(prefix, cache, 0)
-    cache.reorder_cache(torch.zeros(len(rows), dtype=torch.long))
-    return lm.forward(torch.tensor(rows), cache, len(prefix))
 
 
 def _window_vs_alone(lm, k: int, exact: bool) -> list[bool]:
