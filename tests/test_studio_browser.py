@@ -193,7 +193,7 @@ def test_2_a_bad_db_flag_stops_the_app_at_start_with_the_reason(tmp_path, case, 
 @needs_browser
 def test_3_examples_are_grouped_and_rsd_outside_the_drafts_task_says_why(page):
     for label in ("SSR on the bundled model", "RSD on the bundled models", "Need a real model"):
-        assert page.get_by_text(label).count() >= 1
+        page.get_by_text(label).first.wait_for(timeout=30_000)  # the examples render after #method
     _start(page, CLASS, "Compare")
     page.wait_for_selector(".run-pick", timeout=180_000)
     _strip(page, "done")
