@@ -15,18 +15,22 @@ from engine.config import RunConfig
 from engine.events import Event
 from engine.model import LoadedModel
 from engine.recorder import Recorder
+from engine.runtime.cache import cache_mb
 from engine.sampling import Chooser
 
 
 def decode_baseline(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     """Yield the events of a plain run of ``prompt`` (the user message, templated here)."""
     prompt_ids = lm.prompt_ids(prompt)
-    lm.check_fits(len(prompt_ids), cfg.max_think + cfg.max_answer + (len(lm.markers.close_ids) if lm.markers else 0))
+    new_tokens = cfg.max_think + cfg.max_answer + (len(lm.markers.close_ids) if lm.markers else 0)
+    lm.check_fits(len(prompt_ids), new_tokens)
+    lm.begin_run(cfg.exact, cfg.compile)
+    compile_s = lm.compile_for(len(prompt_ids) + new_tokens)  # before the clock starts
     rec = Recorder(lm.tokenizer, "baseline", len(prompt_ids), lm.device)
+    rec.stats.compile_s, rec.stats.step_mode = compile_s, lm.step_mode
     chooser = Chooser(cfg.temperature, cfg.top_p, cfg.seed)
     markers = lm.markers
-    lm.begin_run(cfg.exact)
-    seq = CachedModel(lm)
+    seq = CachedModel(lm, len(prompt_ids) + new_tokens)
 
     # 1. prefill
     yield rec.phase("prefill")
@@ -71,5 +75,6 @@ def decode_baseline(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Ev
         rec.forward()
     rec.stats.flops = rec.stats.target_flops = seq.flops  # 2 x parameters x tokens, as RSD counts its models
     rec.stats.target_tokens = seq.prefill_tokens + seq.decode_tokens
+    rec.stats.cache_mb = cache_mb(seq.cache)
     yield rec.phase("done")
     yield rec.done()

@@ -23,8 +23,10 @@ from engine.runtime.cache import checkpoint, crop
 
 
 class CachedModel:
-    def __init__(self, lm: LoadedModel) -> None:
+    def __init__(self, lm: LoadedModel, capacity: int = 256, role: str = "") -> None:
         self.lm = lm
+        self.capacity = capacity  # tokens the run may hold (its budgets): the cache is preallocated for them
+        self.role = role  # two sequences of one model in one run (RSD's target and draft) need two roles
         self._empty()
         self._last_logits: torch.Tensor | None = None  # logits after the cache's last token
         self.prefill_tokens = 0
@@ -33,7 +35,7 @@ class CachedModel:
         self.calls = 0
 
     def _empty(self) -> None:
-        self.cache = self.lm.new_cache()
+        self.cache = self.lm.new_cache(self.capacity, role=self.role)
         self.ids: list[int] = []  # the tokens the cache holds
         self._mark = checkpoint(self.cache, 0)  # where a recurrent rollback restarts from
 

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 
 from engine.acceptance import check_params
+from engine.runtime.compiled import COMPILE_MODES
 
 MAX_COUNT = 1_000_000  # an upper bound on every token count and interval (far beyond any model's context)
 
@@ -56,6 +57,7 @@ class RunConfig:
     draft_confidence: float = 0.0
     # --- numerics
     exact: bool = False  # batch- and width-invariant forwards (engine.runtime.exact): slow, bitwise reproducible
+    compile: str = "auto"  # compiled fixed-shape steps (engine.runtime.compiled): auto (CUDA only), on, off
 
     def __post_init__(self) -> None:
         for name in ("max_think", "max_answer", "max_draft", "num_drafts", "max_spec", "min_match"):
@@ -75,6 +77,7 @@ class RunConfig:
             _require(name, getattr(self, name), getattr(self, name) >= 1, "must be >= 1")
         check_params(self.weighting, self.threshold, self.weight_param)
         _require("draft_confidence", self.draft_confidence, 0 <= self.draft_confidence <= 1, "must be in [0, 1]")
+        _require("compile", self.compile, self.compile in COMPILE_MODES, f"must be one of {', '.join(COMPILE_MODES)}")
         for name in ("suffix_recovery", "context_lookup", "exact"):
             _require(name, getattr(self, name), isinstance(getattr(self, name), bool), "must be true or false")
 

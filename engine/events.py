@@ -71,7 +71,10 @@ class RunStats:
     generated: int = 0  # answer tokens the model picked itself
     forward_calls: int = 0
     tokens_per_s: float = 0.0  # (reasoning + answer tokens) / wall time
-    peak_memory_mb: float | None = None
+    peak_memory_mb: float | None = None  # the device's peak allocation during the run (CUDA)
+    cache_mb: float | None = None  # the run's preallocated KV buffers (every row, every model), sized from its budgets
+    compile_s: float = 0.0  # seconds compiling step shapes before the run started (never part of wall_s)
+    step_mode: str = ""  # "compiled", or "eager: <why not compiled>" (engine.runtime.compiled)
     # SSR: mean seconds per reasoning step with no draft live / with drafts riding in the batch
     step_s_alone: float | None = None
     step_s_drafting: float | None = None

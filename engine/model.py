@@ -19,6 +19,7 @@ import torch
 
 from engine.presets import BUNDLED, BUNDLED_DIR, PRESETS, Preset
 from engine.runtime.cache import Checkpoint, crop, layout, new_cache, restore, seq_length, take_rows
+from engine.runtime.compiled import BUCKETS, CompiledSteps, bucket, compile_reason
 from engine.runtime.exact import exact_forwards
 from engine.runtime.rope import rope_of
 
@@ -100,6 +101,10 @@ class LoadedModel:
         self.eos_ids = frozenset(int(e) for e in eos)
         self.num_parameters = sum(p.numel() for p in model.parameters())
         self.exact = False  # the current run's exact mode (set by begin_run)
+        self.compiled: CompiledSteps | None = None  # the current run's compiled steps (set by begin_run)
+        self.compile_why: str | None = "no run yet"  # why the current run's steps are not compiled
+        self._steps: CompiledSteps | None = None  # compiled once per model, kept across runs
+        self._fixed: dict[tuple[int, int, str], object] = {}  # fixed caches by (capacity, rows, role), reused
         self.layout = layout(model.config)  # which cache kinds: sliding windows, recurrent states
         self.rope = rope_of(model)  # position-scaled RoPE, if any
 
@@ -161,18 +166,66 @@ class LoadedModel:
         return self.markers
 
     # ------------------------------------------------------------------ forwards
-    def begin_run(self, exact: bool = False) -> None:
+    def begin_run(self, exact: bool = False, compile: str = "off") -> None:
         """Every run starts from the same model state (dynamic RoPE keeps one between calls);
-        ``exact`` makes its forwards batch- and width-invariant (``engine.runtime.exact``)."""
+        ``exact`` makes its forwards batch- and width-invariant (``engine.runtime.exact``);
+        ``compile`` (auto / on / off) runs its steps compiled where that can work
+        (``engine.runtime.compiled``; :attr:`compile_why` says why not)."""
         self.rope.begin_run(self.model)
         self.exact = exact
+        self.compile_why = compile_reason(compile, self.device, self.layout.recurrent, exact)
+        if self.compile_why is None and self._steps is None:
+            self._steps = CompiledSteps(self.model, cuda_graphs=self.device.type == "cuda")
+        self.compiled = self._steps if self.compile_why is None else None
+
+    @property
+    def step_mode(self) -> str:
+        """How the current run's steps run, for its stats: "compiled" or "eager: <why>"."""
+        return "compiled" if self.compiled is not None else f"eager: {self.compile_why}"
+
+    @property
+    def compile_seconds(self) -> float:
+        """Seconds spent compiling step shapes so far (first calls), never part of a run's latency."""
+        return self._steps.compile_seconds if self._steps else 0.0
 
     def forwards(self):
         """The context every forward of the current run runs in (exact mode, or nothing)."""
         return exact_forwards(self.model) if self.exact else contextlib.nullcontext()
 
-    def new_cache(self):
-        return new_cache(self.model.config)
+    def new_cache(self, capacity: int = 256, rows: int = 1, role: str = ""):
+        """A cache for ``capacity`` slots and ``rows`` rows (the run's budgets). When this run's
+        steps are compiled it is fixed-shape: room for a padded step on top, the capacity rounded
+        up to a power of two and the buffers reused by the next run of that size (compiled steps
+        and CUDA graphs keep their shapes and addresses). Only one fixed cache of a size and
+        ``role`` is live at a time: handing it out again empties it."""
+        if self.compiled is None:
+            return new_cache(self.model.config, capacity, rows)
+        capacity = 1 << (capacity + BUCKETS[-1] - 1).bit_length()
+        cache = self._fixed.get((capacity, rows, role))
+        if cache is None:
+            cache = self._fixed[(capacity, rows, role)] = new_cache(self.model.config, capacity, rows, fixed=True)
+        cache.empty()
+        return cache
+
+    def compile_for(self, capacity: int, rows: int = 1, row_width: int = 1) -> float:
+        """Compile, before a run starts, every step shape it can meet: one row at every width
+        bucket, and ``2..rows`` rows at the buckets up to ``row_width`` tokens. Seconds spent
+        (0 when nothing was new or steps are not compiled)."""
+        if self.compiled is None:
+            return 0.0
+        before = self.compile_seconds
+        ready = self.new_cache(capacity, rows)
+        take_rows(ready, [0] * rows, self.device)  # one eager forward over every row makes the buffers
+        self.forward(torch.zeros(rows, 1, dtype=torch.long, device=self.device), ready, 0)
+        shapes = [(1, w) for w in BUCKETS] + [(r, w) for r in range(2, rows + 1) for w in BUCKETS if w <= bucket(row_width)]
+        for r, w in shapes:
+            if (r, w) in self.compiled.shapes:
+                continue
+            cache = self.new_cache(capacity, rows)
+            take_rows(cache, [0] * r, self.device)
+            self.forward(torch.zeros(r, w, dtype=torch.long, device=self.device), cache, 0)
+        self.new_cache(capacity, rows)  # leave it empty
+        return self.compile_seconds - before
 
     def rewind(self, cache, ckpt: Checkpoint, kept: list[int]) -> None:
         """Roll ``cache`` back to ``ckpt.length + len(kept)`` tokens, ``kept`` being the tokens fed
@@ -200,10 +253,38 @@ class LoadedModel:
         if positions is None:
             positions = torch.arange(start, start + t, device=self.device).expand(b, t)
         assert cache.get_seq_length() == start, f"cache holds {cache.get_seq_length()} tokens, expected {start}"
+        input_ids = input_ids.to(self.device)
+        if getattr(cache, "fixed", False):
+            return self._fixed_step(input_ids, cache, start, positions, attention_mask)
         with self.forwards():
-            out = self.model(input_ids=input_ids.to(self.device), cache=cache, position_ids=positions,
+            out = self.model(input_ids=input_ids, cache=cache, position_ids=positions,
                              attention_mask=attention_mask, use_cache=True, logits_to_keep=t)
         return out.logits
+
+    def _fixed_step(self, ids, cache, start: int, positions, attention_mask) -> torch.Tensor:
+        """A step on a fixed-shape cache: the mask spans its whole capacity; a step of a bucket's
+        width runs compiled (padded up to it, the padding's slots given back after), a wider one
+        (a prefill) eagerly."""
+        b, t = ids.shape
+        mask = torch.ones(b, cache.capacity, dtype=torch.long, device=self.device)
+        if attention_mask is not None:
+            mask[:, : attention_mask.shape[1]] = attention_mask
+        width = bucket(t)
+        if width is None or self.compiled is None or not cache.ready:  # a first forward makes the buffers eagerly
+            logits = self.model(input_ids=ids, cache=cache, position_ids=positions, attention_mask=mask, use_cache=True,
+                                logits_to_keep=t).logits
+            cache.advanced(t)
+            return logits
+        if width > t:
+            ids = torch.cat([ids, ids[:, -1:].expand(b, width - t)], dim=1)
+            positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, width - t + 1, device=self.device)], 1)
+        if start + width > cache.capacity:
+            raise RuntimeError(f"a {width}-token step at slot {start} does not fit a cache of {cache.capacity} slots")
+        logits = self.compiled(ids, positions, mask, cache)
+        cache.advanced(width)
+        if width > t:
+            crop(cache, start + t)
+        return logits[:, :t]
 
     def step_logits(self, tokens: list[int], cache, start: int) -> torch.Tensor:
         """Logits ``[T, V]`` for a single row of ``tokens`` at ``start``."""

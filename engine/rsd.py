@@ -27,6 +27,7 @@ from engine.events import Event, StepEvent
 from engine.model import LoadedModel
 from engine.prm import TargetLikelihoodScorer
 from engine.recorder import Recorder
+from engine.runtime.cache import cache_mb
 from engine.sampling import Chooser
 
 STEP_DELIMITER = "\n\n"
@@ -51,12 +52,16 @@ def decode_rsd(target: LoadedModel, draft: LoadedModel | None, scorer, prompt: s
             raise ValueError(f"method {mode!r} needs a draft model")
         check_pair(target, draft)
     prompt_ids = target.prompt_ids(prompt)
+    capacity = len(prompt_ids) + cfg.max_tokens  # a step stops at the budget
+    compile_s = 0.0
     for lm in (target, draft) if mode != "target" else (target,):
         lm.check_fits(len(prompt_ids), cfg.max_tokens)
-        lm.begin_run(cfg.exact)
+        lm.begin_run(cfg.exact, cfg.compile)
+        compile_s += lm.compile_for(capacity)  # before the clock starts
     rec = Recorder(target.tokenizer, mode, len(prompt_ids), target.device)
-    T = CachedModel(target)
-    D = CachedModel(draft) if mode != "target" else None
+    rec.stats.compile_s, rec.stats.step_mode = compile_s, target.step_mode
+    T = CachedModel(target, capacity, role="target")
+    D = CachedModel(draft, capacity, role="draft") if mode != "target" else None
     writers = {"target": (T, Chooser(cfg.temperature, cfg.top_p, cfg.seed)),
                "draft": (D, Chooser(cfg.temperature, cfg.top_p, cfg.seed))}
     coin = random.Random(cfg.seed)  # the soft rules' acceptance draws
@@ -113,6 +118,7 @@ def decode_rsd(target: LoadedModel, draft: LoadedModel | None, scorer, prompt: s
             break
     _account(rec, T, D, scorer if mode == "rsd" else None, rewards)
     yield rec.phase("done")
+    rec.stats.cache_mb = cache_mb(T.cache, *(D.cache,) if D else ())
     yield rec.done()
 
 

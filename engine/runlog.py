@@ -47,7 +47,7 @@ import sqlite_utils
 
 from engine.events import DoneEvent, Event, PhaseEvent, RunStats, StepEvent, TokenEvent
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 class RunLogError(ValueError):
@@ -123,7 +123,12 @@ def _migrate_5(db: sqlite_utils.Database) -> None:
     _add_columns(db["events"], {"confidence": float})
 
 
-MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5}
+def _migrate_6(db: sqlite_utils.Database) -> None:
+    """Version 6 (static cache, compiled steps): the run's cache size, compile time and step mode."""
+    _add_columns(db["runs"], _stats_columns())
+
+
+MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6}
 
 
 def _stats_columns() -> dict:

@@ -40,7 +40,7 @@ import torch
 from engine.config import RunConfig
 from engine.events import Event
 from engine.model import LoadedModel
-from engine.runtime.cache import checkpoint, compact, crop, take_rows
+from engine.runtime.cache import cache_mb, checkpoint, compact, crop, take_rows
 from engine.proposers import Draft, DraftPrefixProposer, Proposal, SuffixProposer
 from engine.recorder import Recorder
 from engine.sampling import Chooser
@@ -56,12 +56,16 @@ def decode_ssr(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     new_tokens = len(markers.close_ids) + max(cfg.max_think + cfg.max_answer, last_fork + cfg.max_draft)
     lm.check_fits(len(prompt_ids), new_tokens)
     lm.rope.check_speculation(len(prompt_ids) + new_tokens, lm.model_id)
-    lm.begin_run(cfg.exact)
+    lm.begin_run(cfg.exact, cfg.compile)
+    capacity = len(prompt_ids) + new_tokens + max(cfg.max_spec, cfg.think_spec) + 1  # room for a verify past the end
+    # before the clock starts: every shape (rows x width) the run can meet
+    compile_s = lm.compile_for(capacity, 1 + cfg.num_drafts, max(cfg.think_spec, len(markers.close_ids)) + 1)
     rec = Recorder(lm.tokenizer, "ssr", len(prompt_ids), lm.device)
+    rec.stats.compile_s, rec.stats.step_mode = compile_s, lm.step_mode
     index = SuffixIndex(cfg.min_match)
     index.extend("prompt", prompt_ids)
     state = _State(lm, cfg, rec, index, Chooser(cfg.temperature, cfg.top_p, cfg.seed),
-                   Chooser(cfg.temperature, cfg.top_p, cfg.seed + 1))
+                   Chooser(cfg.temperature, cfg.top_p, cfg.seed + 1), capacity)
     yield rec.phase("prefill")
     if len(prompt_ids) > 1:  # the last prompt token is the main row's first input in phase A
         lm.step_logits(prompt_ids[:-1], state.cache, 0)
@@ -71,6 +75,7 @@ def decode_ssr(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     if not state.ended:
         state.index.reset_cursors()  # the answer reads every source afresh
         yield from _answer(state)
+    rec.stats.cache_mb = cache_mb(state.cache)
     yield rec.phase("done")
     yield rec.done()
 
@@ -78,10 +83,10 @@ def decode_ssr(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
 class _State:
     """What the two phases share: the model, one cache, its length, the drafts, the choosers."""
 
-    def __init__(self, lm, cfg, rec, index, main, drafter) -> None:
+    def __init__(self, lm, cfg, rec, index, main, drafter, capacity: int) -> None:
         self.lm, self.cfg, self.rec, self.index = lm, cfg, rec, index
         self.main, self.drafter = main, drafter
-        self.cache = lm.new_cache()
+        self.cache = lm.new_cache(capacity, rows=1 + cfg.num_drafts)
         self.length = 0  # tokens in every row of the cache
         self.drafts: list[Draft] = []
         self.unfed: list[int] = []  # main-row tokens chosen but not yet in the cache

@@ -1,15 +1,16 @@
 """KV caches of every kind the engine meets, behind the few operations the decode loops need.
 
-A transformers 5 ``DynamicCache`` is a list of layers, and each kind needs its own care:
+A cache is a list of layers (the ones transformers would build for the config, attention layers
+swapped for preallocated ones), and each kind needs its own care:
 
-* **full attention** (``DynamicLayer``): keys and values grow; a rollback crops the tail.
+* **full attention** (:class:`~engine.runtime.static.SlotLayer`): K/V in a buffer sized from the
+  run's budgets; a rollback moves its length, nothing is copied.
 * **sliding-window attention**: transformers keeps only the last ``window - 1`` tokens of such a
   layer, so a rollback after the window has filled cannot bring back what fell out (the crash in
-  issue 13). Here every sliding layer keeps its full K/V for the run and the model's own
-  sliding-window mask does the windowing, so a rollback is a crop as for full layers. Cost: K/V
-  for the run's tokens (its budgets), not for the window; measured against recording the past
-  and cropping after every forward, it is also the simpler path (one kind of rollback, no
-  per-forward trim).
+  issue 13). Here every sliding layer is a full slot layer and the model's own sliding-window
+  mask does the windowing, so a rollback is a crop as for full layers. Cost: K/V for the run's
+  tokens (its budgets), not for the window; measured against recording the past and cropping
+  after every forward, it is also the simpler path (one kind of rollback, no per-forward trim).
 * **recurrent state** (linear attention, state space: Qwen3.5, Qwen3-Next, LFM2, Nemotron-H): a
   conv state and a recurrent state updated in place, which nothing can crop. A forward that may
   be rolled back first takes a :class:`Checkpoint` (a copy of those states, small and fixed in
@@ -29,13 +30,9 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import (
-    DynamicLayer,
-    DynamicSlidingWindowLayer,
-    LinearAttentionAndFullAttentionLayer,
-    LinearAttentionAndSlidingWindowAttentionLayer,
-    LinearAttentionCacheLayerMixin,
-)
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
+
+from engine.runtime.static import SlotCache, SlotLayer
 
 
 @dataclass(frozen=True)
@@ -62,20 +59,26 @@ def layout(config) -> CacheLayout:
                        recurrent=any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers))
 
 
-def new_cache(config) -> DynamicCache:
-    """An empty cache for a model with this config, sliding layers made full (the mask windows)."""
-    cache = DynamicCache(config=config)
-    for i, layer in enumerate(cache.layers):
-        if type(layer) is DynamicSlidingWindowLayer:
-            cache.layers[i] = DynamicLayer()
-        elif type(layer) is LinearAttentionAndSlidingWindowAttentionLayer:
-            cache.layers[i] = LinearAttentionAndFullAttentionLayer(number_of_states=layer.number_of_states)
-    return cache
+def new_cache(config, capacity: int = 256, rows: int = 1, fixed: bool = False) -> SlotCache:
+    """An empty cache for a model with this config: preallocated for ``capacity`` slots and
+    ``rows`` rows (it grows if a caller without budgets outruns it), sliding layers full (the
+    mask windows). ``fixed``: shaped for compiled steps (``engine.runtime.static``)."""
+    return SlotCache(config, capacity, rows, fixed)
+
+
+def cache_mb(*caches) -> float:
+    """MiB the caches' preallocated attention buffers hold."""
+    return sum(getattr(c, "nbytes", 0) for c in caches) / 2**20
+
+
+def _attention(cache) -> list:
+    """The layers that hold K/V by slot (slot layers, and any dynamic kind left as it was)."""
+    return [layer for layer in cache.layers if isinstance(layer, (SlotLayer, DynamicLayer))]
 
 
 def seq_length(cache) -> int:
     """Slots in the cache (the longest attention layer; 0 for an empty or recurrent-only cache)."""
-    return max((layer.get_seq_length() for layer in cache.layers if isinstance(layer, DynamicLayer)), default=0)
+    return max((layer.get_seq_length() for layer in _attention(cache)), default=0)
 
 
 def crop(cache, length: int) -> None:
@@ -85,9 +88,9 @@ def crop(cache, length: int) -> None:
     assert extra >= 0, f"cannot crop a cache of {seq_length(cache)} tokens to {length}"
     if not extra:
         return
-    for layer in cache.layers:
-        if isinstance(layer, DynamicLayer) and layer.get_seq_length() > length:
-            DynamicLayer.crop(layer, -(layer.get_seq_length() - length))  # the attention part of hybrid layers too
+    for layer in _attention(cache):
+        if layer.get_seq_length() > length:  # the attention part of hybrid layers too
+            (SlotLayer if isinstance(layer, SlotLayer) else DynamicLayer).crop(layer, length - layer.get_seq_length())
 
 
 def take_rows(cache, rows: list[int] | torch.Tensor, device) -> None:
@@ -97,8 +100,11 @@ def take_rows(cache, rows: list[int] | torch.Tensor, device) -> None:
 
 def compact(cache, keep: torch.Tensor) -> None:
     """Keep only the slots ``keep`` (1-D indices, in order) of a one-row cache: the row's holes go."""
-    for layer in cache.layers:
-        if isinstance(layer, DynamicLayer) and layer.is_initialized and layer.keys.numel():
+    for layer in _attention(cache):
+        if isinstance(layer, SlotLayer):
+            if layer.is_initialized:
+                layer.compact(keep)
+        elif layer.is_initialized and layer.keys.numel():
             layer.keys = layer.keys.index_select(-2, keep)
             layer.values = layer.values.index_select(-2, keep)
 

@@ -1,0 +1,238 @@
+"""The preallocated ("static") KV cache every decode loop runs on.
+
+Each attention layer keeps its keys and values in one buffer ``[rows, heads, capacity, dim]``
+allocated once per run and sized from the run's budgets (prompt + every token the run may add), not
+from the model's context length. A forward writes its slots in place; nothing is concatenated.
+The operations the decode loops need become cheap:
+
+* **rollback**: move a length (no copy);
+* **fork** (a draft row): copy the used prefix of one row into a spare row of the same buffer;
+* **drop rows**: copy the kept rows' used prefixes down; the buffer stays where it is;
+* **holes** (slots a row rejected): hidden by the attention mask, as with any cache.
+
+Two ways to read it, one buffer:
+
+* **eager** (``fixed=False``): attention reads the used prefix (a view), so a step costs what its
+  tokens cost; shapes change every step, which is fine without a compiler.
+* **fixed** (``fixed=True``): attention reads the whole ``capacity`` and the mask hides what is not
+  there yet, and the write position is a device tensor, so every step of one ``(rows, width)``
+  has the same shapes and addresses: what ``torch.compile`` and CUDA graphs need
+  (``engine.runtime.compiled``).
+
+Sliding-window layers keep their full K/V for the run and the model's mask does the windowing (a
+rollback past the window stays a move of the length); recurrent states (linear attention, state
+space) live beside the buffers unchanged, with their checkpoints (``engine.runtime.cache``).
+Layers of kinds this module does not know stay transformers' dynamic layers. The buffers are
+made inside forwards (inference mode), so every in-place change outside one runs in inference mode.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import (
+    Cache,
+    CacheLayerMixin,
+    DynamicCache,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionAndFullAttentionLayer,
+    LinearAttentionAndSlidingWindowAttentionLayer,
+    LinearAttentionLayer,
+)
+
+
+class SlotLayer(CacheLayerMixin):
+    """One attention layer's K/V in a preallocated buffer; ``length`` slots in use in every row."""
+
+    is_sliding = False
+    is_croppable = True
+
+    def __init__(self, capacity: int, rows: int = 1, fixed: bool = False) -> None:
+        super().__init__()
+        self.capacity, self.rows_capacity, self.fixed = capacity, rows, fixed
+        self.length = 0  # slots in use (the host's copy; ``pos`` is the device's, for fixed steps)
+        self.rows = 1  # rows in use
+        self.pos: torch.Tensor | None = None
+
+    @property
+    def is_compileable(self) -> bool:
+        return self.fixed
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.rows = max(key_states.shape[0], 1)
+        rows = max(self.rows_capacity, self.rows)
+        self._k = key_states.new_zeros(rows, key_states.shape[1], self.capacity, key_states.shape[-1])
+        self._v = value_states.new_zeros(rows, value_states.shape[1], self.capacity, value_states.shape[-1])
+        self.pos = torch.tensor(self.length, device=self.device)
+        if self.fixed:  # compiled steps and CUDA graphs read these in place, never copy them
+            for buf in (self._k, self._v, self.pos):
+                torch._dynamo.mark_static_address(buf)
+        self.is_initialized = True
+
+    # ---------------------------------------------------------------- what attention sees
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return self._k[: self.rows] if self.is_initialized else None
+
+    @keys.setter
+    def keys(self, value) -> None:  # CacheLayerMixin.__init__ sets None
+        assert value is None, "slot layers own their buffers"
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return self._v[: self.rows] if self.is_initialized else None
+
+    @values.setter
+    def values(self, value) -> None:
+        assert value is None, "slot layers own their buffers"
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        t = key_states.shape[-2]
+        if self.fixed:  # shapes and addresses fixed: the position is a device tensor
+            at = self.pos + torch.arange(t, device=self.device)
+            self._k[: self.rows].index_copy_(2, at, key_states)
+            self._v[: self.rows].index_copy_(2, at, value_states)
+            self.pos.add_(t)
+            return self._k[: self.rows], self._v[: self.rows]
+        end = self.length + t
+        if end > self.capacity:
+            self._grow(end)
+        self._k[: self.rows, :, self.length : end] = key_states
+        self._v[: self.rows, :, self.length : end] = value_states
+        self.length = end
+        return self._k[: self.rows, :, :end], self._v[: self.rows, :, :end]
+
+    def advanced(self, t: int) -> None:
+        """The host learns that a fixed step wrote ``t`` slots (the device already knows)."""
+        self.length += t
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return (self.capacity, 0) if self.fixed else (self.length + query_length, 0)
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+    # ---------------------------------------------------------------- what the decode loops do
+    def crop(self, tokens_to_remove: int) -> None:
+        assert tokens_to_remove <= 0, "crop by a negative number of slots"
+        self.set_length(self.length + tokens_to_remove)
+
+    @torch.inference_mode()
+    def set_length(self, length: int) -> None:
+        self.length = length
+        if self.pos is not None:
+            self.pos.fill_(length)
+
+    @torch.inference_mode()
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Rows ``beam_idx`` (a row may repeat: a fork), in this order; only rows that change are
+        copied, and only their used prefix."""
+        rows = [int(r) for r in beam_idx]
+        if not self.is_initialized:
+            self.rows = len(rows)
+            self.rows_capacity = max(self.rows_capacity, self.rows)
+            return
+        if len(rows) > self._k.shape[0]:
+            self._k, self._v = (torch.cat([b, b.new_zeros(len(rows) - b.shape[0], *b.shape[1:])]) for b in (self._k, self._v))
+        moved = [(i, r) for i, r in enumerate(rows) if i != r]
+        if moved and self.length:
+            dst = torch.tensor([i for i, _ in moved], device=self.device)
+            src = torch.tensor([r for _, r in moved], device=self.device)
+            for buf in (self._k, self._v):
+                buf[:, :, : self.length].index_copy_(0, dst, buf[:, :, : self.length].index_select(0, src))
+        self.rows = len(rows)
+
+    @torch.inference_mode()
+    def compact(self, keep: torch.Tensor) -> None:
+        """One row keeps only the slots ``keep`` (its holes go), packed at the start."""
+        for buf in (self._k, self._v):
+            buf[:1, :, : len(keep)] = buf[:1].index_select(2, keep)
+        self.set_length(len(keep))
+
+    @torch.inference_mode()
+    def _grow(self, need: int) -> None:
+        """More slots than the run's budgets said (a caller without budgets): double, copy once."""
+        capacity = max(need, 2 * self.capacity)
+        for name in ("_k", "_v"):
+            old = getattr(self, name)
+            new = old.new_zeros(*old.shape[:2], capacity, old.shape[-1])
+            new[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, new)
+        self.capacity = capacity
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self._k.numel() * self._k.element_size() if self.is_initialized else 0
+
+
+class LinearSlotLayer(LinearAttentionLayer, SlotLayer):
+    """A hybrid layer: recurrent states (kept as transformers keeps them) and attention slots."""
+
+    def __init__(self, capacity: int, rows: int = 1, fixed: bool = False, number_of_states: int = 1) -> None:
+        SlotLayer.__init__(self, capacity, rows, fixed)
+        LinearAttentionLayer.__init__(self, number_of_states=number_of_states)
+
+    def lazy_initialization(self, *args, **kwargs) -> None:
+        if len(args) == 2 and not kwargs:
+            SlotLayer.lazy_initialization(self, *args)
+        else:
+            LinearAttentionLayer.lazy_initialization(self, **kwargs)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        LinearAttentionLayer.reorder_cache(self, beam_idx)
+        SlotLayer.reorder_cache(self, beam_idx)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        SlotLayer.crop(self, tokens_to_remove)
+
+
+class SlotCache(Cache):
+    """A model's cache with every attention layer a :class:`SlotLayer`."""
+
+    def __init__(self, config, capacity: int, rows: int = 1, fixed: bool = False) -> None:
+        super().__init__(layers=[_slot(layer, capacity, rows, fixed) for layer in DynamicCache(config=config).layers])
+        self.capacity, self.fixed = capacity, fixed
+
+    @property
+    def slot_layers(self) -> list[SlotLayer]:
+        return [layer for layer in self.layers if isinstance(layer, SlotLayer)]
+
+    def get_query_offset(self, layer_idx: int = 0):
+        """Where this forward's queries sit: a device tensor for fixed steps (no recompiles)."""
+        first = self.slot_layers[0] if self.fixed and self.slot_layers else None
+        return first.pos if first is not None and first.pos is not None else super().get_query_offset(layer_idx)
+
+    def empty(self) -> None:
+        """Back to no slots and one row, buffers kept (a fixed cache handed to the next run)."""
+        for layer in self.slot_layers:
+            layer.set_length(0)
+            layer.rows = 1
+
+    def advanced(self, t: int) -> None:
+        if self.fixed:
+            for layer in self.slot_layers:
+                layer.advanced(t)
+
+    @property
+    def ready(self) -> bool:
+        """Every buffer exists (made by a first, eager, forward)."""
+        return all(layer.is_initialized for layer in self.slot_layers)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the attention buffers (recurrent states are small and fixed)."""
+        return sum(layer.nbytes for layer in self.slot_layers)
+
+
+def _slot(layer, capacity: int, rows: int, fixed: bool):
+    if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer):
+        return SlotLayer(capacity, rows, fixed)
+    if type(layer) in (LinearAttentionAndFullAttentionLayer, LinearAttentionAndSlidingWindowAttentionLayer):
+        return LinearSlotLayer(capacity, rows, fixed, number_of_states=layer.number_of_states)
+    return layer  # recurrent-only, KV-shared (nothing stored) or a kind we do not know: as transformers made it

@@ -1,0 +1,255 @@
+"""The preallocated cache (``engine.runtime.static``) and the compiled fixed-shape steps
+(``engine.runtime.compiled``): the same logits as transformers' own dynamic cache, rollbacks that
+move a length, forks and dropped rows that copy only used prefixes, holes, every width bucket and
+row count, and decoding that is token-for-token the same compiled or not.
+
+Most compiled tests use dynamo with its ``eager`` backend (the same tracing, guards and shapes,
+seconds instead of inductor's minutes); one test compiles for real with inductor on the CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from engine.baseline import decode_baseline
+from engine.config import RunConfig
+from engine.runtime.cache import cache_mb, checkpoint, compact, crop, seq_length, take_rows
+from engine.runtime.compiled import BUCKETS, CompiledSteps, bucket, compile_reason
+from engine.runtime.static import SlotCache, SlotLayer
+from engine.ssr import decode_ssr
+from tests.families import family_model
+from tests.tiny import make_model
+
+KINDS = ["llama", "mistral-window", "gemma-4-e4b-it", "qwen3.5-4b", "nemotron-h"]  # full, sliding, KV-shared, recurrent
+
+
+def _model(kind: str, dtype=torch.float32):
+    return make_model("llama", seed=1, style="open") if kind == "llama" else family_model(kind, dtype=dtype)
+
+
+def _feed(lm, cache, ids, start):
+    return lm.forward(torch.tensor([ids]), cache, start)[0]
+
+
+def final(events):
+    return list(events)[-1]
+
+
+@pytest.fixture
+def eager_compiled(monkeypatch):
+    """``compile="on"`` runs dynamo with its eager backend (no C++ compiler, seconds)."""
+    def use(lm):
+        lm._steps = CompiledSteps(lm.model, cuda_graphs=False, backend="eager")
+        monkeypatch.setattr("engine.runtime.compiled.shutil.which", lambda _: "/usr/bin/c++")
+        return lm
+    return use
+
+
+# ----------------------------------------------------------------------------- the same numbers
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_static_logits_match_the_dynamic_cache(kind):
+    """fp32, fed in uneven chunks: our cache and transformers' DynamicCache give the same logits."""
+    lm = _model(kind, torch.float32)
+    ids = lm.prompt_ids("the lazy dog jumps over the fox")[:30]
+    ours, theirs = lm.new_cache(capacity=8), DynamicCache(config=lm.model.config)  # 8: it must grow, twice
+    assert isinstance(ours, SlotCache)
+    at = 0
+    for width in (11, 1, 3, 1, 7, 2):
+        a = _feed(lm, ours, ids[at : at + width], at)
+        with torch.inference_mode():
+            b = lm.model(input_ids=torch.tensor([ids[at : at + width]]), cache=theirs,
+                         position_ids=torch.arange(at, at + width)[None], use_cache=True).logits[0]
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)  # fp32: sliding layers there hold only the window
+        at += width
+    assert seq_length(ours) == at == 25
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fixed_cache_matches_the_eager_one(kind):
+    """The fixed-shape layout (whole-capacity mask, device write position) read eagerly."""
+    lm = _model(kind, torch.float64)
+    ids = lm.prompt_ids("class Garden: rose tulip")[:24]
+    eager = lm.new_cache(64)
+    fixed = SlotCache(lm.model.config, 64, fixed=True)
+    for at, width in ((0, 10), (10, 1), (11, 4), (15, 1)):
+        torch.testing.assert_close(_feed(lm, fixed, ids[at : at + width], at), _feed(lm, eager, ids[at : at + width], at),
+                                   atol=1e-10, rtol=1e-10)
+    assert fixed.get_seq_length() == eager.get_seq_length() == 16
+
+
+# ----------------------------------------------------------------------------- rollback, fork, holes
+
+def test_rollback_moves_a_length_and_keeps_the_buffer():
+    lm = _model("llama", torch.float64)
+    ids = lm.prompt_ids("hello world, hello again")
+    cache, straight = lm.new_cache(64), lm.new_cache(64)
+    _feed(lm, cache, ids[:20], 0)
+    layer = cache.slot_layers[0]
+    where = layer.keys.data_ptr()
+    crop(cache, 12)
+    assert seq_length(cache) == 12 and layer.keys.data_ptr() == where  # nothing copied, nothing freed
+    _feed(lm, straight, ids[:12], 0)
+    torch.testing.assert_close(_feed(lm, cache, ids[12:18], 12), _feed(lm, straight, ids[12:18], 12), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3.5-4b"])
+def test_fork_and_drop_rows(kind):
+    """A fork copies row 0's used prefix into a new row; each row then goes its own way and
+    equals a one-row cache fed the same tokens; dropping a middle row moves the last one down."""
+    lm = _model(kind, torch.float64)
+    ids = lm.prompt_ids("one two three four five six")
+    cache = lm.new_cache(64, rows=3)
+    _feed(lm, cache, ids[:10], 0)
+    take_rows(cache, [0, 0, 0], lm.device)
+    tails = [ids[10:13], ids[13:16], ids[16:19]]
+    got = lm.forward(torch.tensor(tails), cache, 10)
+    alone = []
+    for tail in tails:
+        single = lm.new_cache(64)
+        _feed(lm, single, ids[:10], 0)
+        alone.append(_feed(lm, single, tail, 10))
+    for r in range(3):
+        torch.testing.assert_close(got[r], alone[r], atol=1e-10, rtol=0)
+    take_rows(cache, [0, 2], lm.device)
+    nxt = lm.forward(torch.tensor([[ids[20]], [ids[21]]]), cache, 13)
+    single = lm.new_cache(64)
+    _feed(lm, single, ids[:10], 0)  # fed in the same chunks (a recurrent layer's chunked and step kernels differ)
+    _feed(lm, single, tails[2], 10)
+    torch.testing.assert_close(nxt[1], _feed(lm, single, [ids[21]], 13), atol=1e-10, rtol=0)
+
+
+def test_holes_are_hidden_then_compacted_away():
+    """Row 0 rejects two of four slots (a mask hides them); compacted, its cache equals one that
+    never saw them."""
+    lm = _model("llama", torch.float64)
+    ids = lm.prompt_ids("the lazy dog jumps")
+    cache = lm.new_cache(64)
+    _feed(lm, cache, ids[:8], 0)
+    _feed(lm, cache, ids[8:12], 8)  # keeps ids[8:10], rejects ids[10:12]
+    mask = torch.tensor([[1] * 10 + [0, 0] + [1]])
+    with_hole = lm.forward(torch.tensor([[ids[12]]]), cache, 12, positions=torch.tensor([[10]]), attention_mask=mask)[0]
+    crop(cache, 12)
+    compact(cache, torch.tensor([*range(10)]))
+    clean = lm.new_cache(64)
+    _feed(lm, clean, ids[:10], 0)
+    expected = _feed(lm, clean, [ids[12]], 10)
+    torch.testing.assert_close(with_hole, expected, atol=1e-10, rtol=0)
+    torch.testing.assert_close(_feed(lm, cache, [ids[12]], 10), expected, atol=1e-10, rtol=0)
+
+
+def test_recurrent_rollback_on_the_static_cache():
+    lm = _model("qwen3.5-4b", torch.float64)
+    ids = lm.prompt_ids("hello world")
+    straight, rolled = lm.new_cache(64), lm.new_cache(64)
+    _feed(lm, straight, ids[:20], 0)
+    _feed(lm, rolled, ids[:20], 0)
+    ckpt = checkpoint(rolled, 20)
+    _feed(lm, rolled, ids[20:27], 20)
+    lm.rewind(rolled, ckpt, ids[20:22])
+    _feed(lm, straight, ids[20:22], 20)
+    torch.testing.assert_close(_feed(lm, rolled, ids[22:26], 22), _feed(lm, straight, ids[22:26], 22), atol=1e-10,
+                               rtol=0)
+
+
+def test_cache_memory_is_sized_from_the_budgets():
+    lm = _model("llama")
+    size = next(lm.model.parameters()).element_size()
+    small = final(decode_baseline(lm, "hello", RunConfig(max_think=8, max_answer=8)))
+    large = final(decode_baseline(lm, "hello", RunConfig(max_think=200, max_answer=200)))
+    layers, kv = lm.model.config.num_hidden_layers, lm.model.config.num_key_value_heads
+    head = lm.model.config.hidden_size // lm.model.config.num_attention_heads
+    prompt = small.stats.prompt_tokens
+    for done, budget in ((small, 16), (large, 400)):
+        slots = prompt + budget + len(lm.markers.close_ids)  # the budgets and the forced end of thinking
+        assert done.stats.cache_mb == pytest.approx(2 * layers * kv * head * size * slots / 2**20, rel=0.05)
+    ssr = final(decode_ssr(lm, "hello", RunConfig(max_think=8, max_answer=8, max_draft=8, draft_start=2, num_drafts=2,
+                                                  draft_interval=2)))
+    assert ssr.stats.cache_mb > 2.5 * small.stats.cache_mb  # three rows, and room for a verify
+    assert cache_mb() == 0
+
+
+# ----------------------------------------------------------------------------- compiled steps
+
+def test_the_compile_choice():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert "CUDA only" in compile_reason("auto", cpu, False, False)
+    assert compile_reason("off", cuda, False, False) == "--compile off"
+    assert "exact" in compile_reason("on", cpu, False, True)
+    assert "recurrent" in compile_reason("on", cpu, True, False)
+    with pytest.raises(ValueError, match="compile must be one of auto, on, off"):
+        compile_reason("fast", cpu, False, False)
+    with pytest.raises(ValueError, match="compile='yes' must be one of auto, on, off"):
+        RunConfig(compile="yes")
+    assert [bucket(w) for w in (1, 2, 3, 5, 9, 17, 33, 64, 65)] == [1, 2, 4, 8, 16, 32, 64, 64, None]
+
+
+def test_every_shape_bucket_compiled_matches_eager(eager_compiled):
+    """Every width bucket (a real width padded up to it) at 1 and 3 rows, on a fixed cache, gives
+    the eager cache's logits; each shape is traced once and then reused."""
+    lm = eager_compiled(_model("llama", torch.float64))
+    lm.begin_run(compile="on")
+    assert lm.step_mode == "compiled"
+    ids = lm.prompt_ids("a b c d e f g h i j k l m n o p q r s t u v w x y z " * 6)
+    assert len(ids) > 100
+    for rows in (1, 3):
+        for width in (*BUCKETS, 3, 5, 33):
+            fixed = lm.new_cache(200, rows=3)
+            eager = SlotCache(lm.model.config, 200, rows=3)
+            for c in (fixed, eager):
+                _feed(lm, c, ids[:20], 0)
+                take_rows(c, [0] * rows, lm.device)
+            feed = torch.tensor([ids[20 + r : 20 + r + width] for r in range(rows)])
+            got = lm.forward(feed, fixed, 20)
+            torch.testing.assert_close(got, lm.forward(feed, eager, 20), atol=1e-10, rtol=0)
+            assert got.shape[1] == width and fixed.get_seq_length() == 20 + width  # the padding was given back
+            assert (rows, bucket(width)) in lm.compiled.shapes
+    assert len(lm.compiled.shapes) == 2 * len(BUCKETS)
+
+
+@pytest.mark.parametrize("settings", [dict(draft_start=3), dict(draft_start=2, num_drafts=3, draft_interval=3),
+                                      dict(draft_start=2, think_spec=4), dict(draft_start=4, max_spec=40)])
+def test_compiled_decoding_is_token_for_token_the_same(eager_compiled, settings):
+    lm = eager_compiled(make_model("qwen3", seed=2, style="open", init_scale=3.0))
+    cfg = RunConfig(max_think=24, max_answer=30, max_draft=14, **settings)
+    for prompt in ("hello world", "class Garden: rose"):
+        off = final(decode_baseline(lm, prompt, cfg.replace(compile="off")))
+        for decode in (decode_baseline, decode_ssr):
+            on = final(decode(lm, prompt, cfg.replace(compile="on")))
+            assert (on.reasoning_ids, on.answer_ids) == (off.reasoning_ids, off.answer_ids)
+            assert on.stats.step_mode == "compiled"
+    assert lm.compile_seconds > 0 and (3 if settings.get("num_drafts") == 3 else 2, 1) in lm.compiled.shapes
+
+
+def test_compile_time_is_spent_before_the_run_and_reported_apart(eager_compiled):
+    lm = eager_compiled(make_model("llama", seed=3, style="open"))
+    cfg = RunConfig(max_think=12, max_answer=12, compile="on")
+    first = final(decode_baseline(lm, "hello", cfg)).stats
+    shapes = dict(lm.compiled.shapes)
+    second = final(decode_baseline(lm, "hello", cfg)).stats
+    assert first.compile_s > 0 and second.compile_s == 0 and lm.compiled.shapes == shapes  # nothing new in the run
+    assert first.wall_s < first.compile_s + 5  # (the eager backend traces fast; the wall clock excludes it)
+
+
+def test_models_with_recurrent_states_and_exact_mode_run_eagerly(eager_compiled):
+    lm = eager_compiled(family_model("qwen3.5-4b"))
+    done = final(decode_baseline(lm, "hi", RunConfig(max_think=6, max_answer=4, compile="on")))
+    assert done.stats.step_mode.startswith("eager: the model has recurrent states") and done.stats.compile_s == 0
+    lm = eager_compiled(make_model("llama", seed=3, style="open"))
+    done = final(decode_baseline(lm, "hi", RunConfig(max_think=6, max_answer=4, compile="on", exact=True)))
+    assert done.stats.step_mode == "eager: exact mode runs its own Python kernels"
+
+
+@pytest.mark.skipif(compile_reason("on", torch.device("cpu"), False, False) is not None,
+                    reason="no torch.compile or C++ compiler here")
+def test_inductor_compiles_plain_decoding_on_the_cpu():
+    """The real thing: inductor on the CPU, seven width buckets of a tiny model."""
+    lm = make_model("llama", seed=4, style="open")
+    cfg = RunConfig(max_think=10, max_answer=10)
+    off = final(decode_baseline(lm, "hello", cfg.replace(compile="off")))
+    on = final(decode_baseline(lm, "hello", cfg.replace(compile="on")))
+    assert (on.reasoning_ids, on.answer_ids) == (off.reasoning_ids, off.answer_ids)
+    assert on.stats.step_mode == "compiled" and on.stats.compile_s > 0 and len(lm.compiled.shapes) == len(BUCKETS)
+    assert isinstance(lm.new_cache(40).slot_layers[0], SlotLayer)
