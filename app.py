@@ -16,6 +16,7 @@ import sys
 from starlette.middleware import Middleware
 
 from engine.runlog import RunLogError
+from engine.runtime.compiled import COMPILE_MODES
 from ssr_ui.handlers import DEFAULT_DRAFT, DEFAULT_PRM, LOAD_TIMEOUT_S, MAX_RUN_S, Studio
 from ssr_ui.jobs import CancelRoute
 from ssr_ui.layout import build_app
@@ -34,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--db", default="runs.db", help="SQLite run log")
     ap.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     ap.add_argument("--load-timeout", type=float, default=LOAD_TIMEOUT_S, help="seconds before a model load is given up")
+    ap.add_argument("--compile", choices=COMPILE_MODES, default="auto",
+                    help="compiled fixed-shape steps (torch.compile, CUDA graphs): auto = on CUDA only")
     ap.add_argument("--max-run-seconds", type=float, default=MAX_RUN_S, help="a run still going after this is stopped")
     return ap.parse_args(argv)
 
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         studio = Studio(args.model, args.db, args.device, args.draft_model, args.prm, args.load_timeout,
-                        args.max_run_seconds)
+                        args.max_run_seconds, args.compile)
     except RunLogError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

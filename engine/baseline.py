@@ -25,9 +25,8 @@ def decode_baseline(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Ev
     new_tokens = cfg.max_think + cfg.max_answer + (len(lm.markers.close_ids) if lm.markers else 0)
     lm.check_fits(len(prompt_ids), new_tokens)
     lm.begin_run(cfg.exact, cfg.compile)
-    compile_s = lm.compile_for(len(prompt_ids) + new_tokens)  # before the clock starts
     rec = Recorder(lm.tokenizer, "baseline", len(prompt_ids), lm.device)
-    rec.stats.compile_s, rec.stats.step_mode = compile_s, lm.step_mode
+    yield from rec.compile_steps(lm, len(prompt_ids) + new_tokens)  # before the clock starts
     chooser = Chooser(cfg.temperature, cfg.top_p, cfg.seed)
     markers = lm.markers
     seq = CachedModel(lm, len(prompt_ids) + new_tokens)

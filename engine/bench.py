@@ -29,6 +29,7 @@ from engine.prm import make_scorer
 from engine.rsd import RSD_METHODS, check_pair
 from engine.model import ModelLoadError, SSRUnsupportedError, load_model, random_weights_model
 from engine.presets import recommended_settings
+from engine.runtime.compiled import COMPILE_MODES
 from engine.runlog import RunLog, RunMeta
 from engine.synthetic import check
 
@@ -172,6 +173,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--trust-remote-code", action="store_true", help="allow a PRM's own modelling code to run")
     for name, kind in CONFIG_FLAGS.items():
         ap.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
+    ap.add_argument("--compile", choices=COMPILE_MODES, default=None,
+                    help="compiled fixed-shape steps: auto (default: CUDA only), on, off; compile time is reported apart")
     ap.add_argument("--exact", action="store_true", default=None,
                     help="batch- and width-invariant forwards: slow, bitwise reproducible (docs/SSR.md)")
     return ap.parse_args(argv)
@@ -189,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             check_method(m)
         if args.repeat < 1:
             raise ValueError(f"--repeat={args.repeat} must be >= 1")
-        flags = {k: getattr(args, k) for k in (*CONFIG_FLAGS, "exact") if getattr(args, k) is not None}
+        flags = {k: getattr(args, k) for k in (*CONFIG_FLAGS, "exact", "compile") if getattr(args, k) is not None}
         cfg = RunConfig(**{**recommended_settings(args.model), **flags})  # the model's tuned settings under the flags
         prompts = read_prompts(args.prompts)
         log = RunLog(args.db) if args.db else None
@@ -212,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.warmup):
         for m in methods:
             list(decoder(m, lm, models.get("draft"), models.get("scorer"))(prompts[0]["prompt"], cfg))
+    compiled = [m for m in (lm, models.get("draft")) if m is not None and m.compiled is not None]
+    if compiled:  # the warm-up compiled them; no run's latency holds compile time (see RunStats.compile_s)
+        print(f"compiled {sum(len(m.compiled.shapes) for m in compiled)} step shapes in "
+              f"{sum(m.compile_seconds for m in compiled):.1f} s (before any timed run)", flush=True)
     runs = []
     for prompt in prompts:
         for rep in range(args.repeat):
@@ -225,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                 add_agreement(lm, prompt["prompt"], batch)
             runs += batch
     summary = summarize(runs, cfg.greedy)
-    Path(args.out).write_text(json.dumps({"model": args.model, "config": cfg.to_dict(), "runs": runs,
-                                          "summary": summary}, indent=1))
+    Path(args.out).write_text(json.dumps({"model": args.model, "config": cfg.to_dict(), "step_mode": next((r["step_mode"] for r in runs if r["step_mode"]), None),
+                                          "compile_s": lm.compile_seconds, "runs": runs, "summary": summary}, indent=1))
     print(format_table(summary))
     for r in runs:
         if r.get("agreement", "identical") != "identical":

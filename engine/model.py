@@ -200,27 +200,32 @@ class LoadedModel:
         ``role`` is live at a time: handing it out again empties it."""
         if self.compiled is None:
             return new_cache(self.model.config, capacity, rows)
-        capacity = 1 << (capacity + BUCKETS[-1] - 1).bit_length()
+        capacity = _fixed_capacity(capacity)
         cache = self._fixed.get((capacity, rows, role))
         if cache is None:
             cache = self._fixed[(capacity, rows, role)] = new_cache(self.model.config, capacity, rows, fixed=True)
         cache.empty()
         return cache
 
-    def compile_for(self, capacity: int, rows: int = 1, row_width: int = 1) -> float:
-        """Compile, before a run starts, every step shape it can meet: one row at every width
-        bucket, and ``2..rows`` rows at the buckets up to ``row_width`` tokens. Seconds spent
-        (0 when nothing was new or steps are not compiled)."""
+    def shapes_to_compile(self, capacity: int, rows: int = 1, row_width: int = 1) -> list[tuple[int, int]]:
+        """The step shapes (rows, width) a run of these sizes can meet that are not compiled yet:
+        one row at every width bucket, ``2..rows`` rows at the buckets up to ``row_width`` tokens."""
         if self.compiled is None:
+            return []
+        capacity = _fixed_capacity(capacity)
+        shapes = [(1, w) for w in BUCKETS] + [(r, w) for r in range(2, rows + 1) for w in BUCKETS if w <= bucket(row_width)]
+        return [(r, w) for r, w in shapes if (r, w, capacity) not in self.compiled.shapes]
+
+    def compile_for(self, capacity: int, rows: int = 1, row_width: int = 1) -> float:
+        """Compile, before a run starts, :meth:`shapes_to_compile`; the seconds spent."""
+        shapes = self.shapes_to_compile(capacity, rows, row_width)
+        if not shapes:
             return 0.0
         before = self.compile_seconds
         ready = self.new_cache(capacity, rows)
         take_rows(ready, [0] * rows, self.device)  # one eager forward over every row makes the buffers
         self.forward(torch.zeros(rows, 1, dtype=torch.long, device=self.device), ready, 0)
-        shapes = [(1, w) for w in BUCKETS] + [(r, w) for r in range(2, rows + 1) for w in BUCKETS if w <= bucket(row_width)]
         for r, w in shapes:
-            if (r, w) in self.compiled.shapes:
-                continue
             cache = self.new_cache(capacity, rows)
             take_rows(cache, [0] * r, self.device)
             self.forward(torch.zeros(r, w, dtype=torch.long, device=self.device), cache, 0)
@@ -289,6 +294,12 @@ class LoadedModel:
     def step_logits(self, tokens: list[int], cache, start: int) -> torch.Tensor:
         """Logits ``[T, V]`` for a single row of ``tokens`` at ``start``."""
         return self.forward(torch.tensor([tokens], device=self.device), cache, start)[0]
+
+
+def _fixed_capacity(capacity: int) -> int:
+    """A fixed cache's slots: room for one padded step on top, rounded up to a power of two (few
+    sizes, so few compiled shapes; at most twice the budgets)."""
+    return 1 << (capacity + BUCKETS[-1] - 1).bit_length()
 
 
 def _ends_with_open(ids: list[int], open_ids: tuple[int, ...]) -> bool:

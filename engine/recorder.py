@@ -8,6 +8,7 @@ and ends the run with a :class:`DoneEvent`.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -29,6 +30,17 @@ class Recorder:
         self._rejected: dict[int, set[int]] = {}  # draft positions proposed and (so far) never taken
         if device is not None and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+
+    def compile_steps(self, lm, capacity: int, rows: int = 1, row_width: int = 1) -> Iterator[PhaseEvent]:
+        """Compile the step shapes this run can meet (``LoadedModel.compile_for``), saying so with a
+        "compiling" phase when there is something to compile; the run's clock starts after."""
+        if lm.shapes_to_compile(capacity, rows, row_width):
+            yield self.phase("compiling")
+        self.stats.compile_s += lm.compile_for(capacity, rows, row_width)
+        self.stats.step_mode = lm.step_mode
+        self.t0 = self._phase_t0 = time.perf_counter()
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def now(self) -> float:
         return time.perf_counter() - self.t0

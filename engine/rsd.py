@@ -53,13 +53,11 @@ def decode_rsd(target: LoadedModel, draft: LoadedModel | None, scorer, prompt: s
         check_pair(target, draft)
     prompt_ids = target.prompt_ids(prompt)
     capacity = len(prompt_ids) + cfg.max_tokens  # a step stops at the budget
-    compile_s = 0.0
-    for lm in (target, draft) if mode != "target" else (target,):
+    rec = Recorder(target.tokenizer, mode, len(prompt_ids), target.device)
+    for lm in (draft, target) if mode != "target" else (target,):
         lm.check_fits(len(prompt_ids), cfg.max_tokens)
         lm.begin_run(cfg.exact, cfg.compile)
-        compile_s += lm.compile_for(capacity)  # before the clock starts
-    rec = Recorder(target.tokenizer, mode, len(prompt_ids), target.device)
-    rec.stats.compile_s, rec.stats.step_mode = compile_s, target.step_mode
+        yield from rec.compile_steps(lm, capacity)  # before the clock starts (the target's step mode is reported)
     T = CachedModel(target, capacity, role="target")
     D = CachedModel(draft, capacity, role="draft") if mode != "target" else None
     writers = {"target": (T, Chooser(cfg.temperature, cfg.top_p, cfg.seed)),

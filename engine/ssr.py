@@ -58,10 +58,9 @@ def decode_ssr(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     lm.rope.check_speculation(len(prompt_ids) + new_tokens, lm.model_id)
     lm.begin_run(cfg.exact, cfg.compile)
     capacity = len(prompt_ids) + new_tokens + max(cfg.max_spec, cfg.think_spec) + 1  # room for a verify past the end
-    # before the clock starts: every shape (rows x width) the run can meet
-    compile_s = lm.compile_for(capacity, 1 + cfg.num_drafts, max(cfg.think_spec, len(markers.close_ids)) + 1)
     rec = Recorder(lm.tokenizer, "ssr", len(prompt_ids), lm.device)
-    rec.stats.compile_s, rec.stats.step_mode = compile_s, lm.step_mode
+    # before the clock starts: every shape (rows x width) the run can meet
+    yield from rec.compile_steps(lm, capacity, 1 + cfg.num_drafts, max(cfg.think_spec, len(markers.close_ids)) + 1)
     index = SuffixIndex(cfg.min_match)
     index.extend("prompt", prompt_ids)
     state = _State(lm, cfg, rec, index, Chooser(cfg.temperature, cfg.top_p, cfg.seed),

@@ -85,8 +85,9 @@ def _interval(view: TraceView) -> float:
 class Studio:
     def __init__(self, model: str | None = None, db: str = "runs.db", device: str | None = None,
                  draft_model: str = DEFAULT_DRAFT, prm: str = DEFAULT_PRM, load_timeout: float = LOAD_TIMEOUT_S,
-                 max_run_s: float = MAX_RUN_S) -> None:
+                 max_run_s: float = MAX_RUN_S, compile: str = "auto") -> None:
         self.default_model = model or "tiny-reasoner"
+        self.compile = RunConfig(compile=compile).compile  # the runs' compiled-steps default (app --compile)
         self.default_draft, self.default_prm = draft_model, prm
         self.device = device
         self.load_timeout, self.max_run_s = load_timeout, max_run_s
@@ -138,7 +139,7 @@ class Studio:
         """The run's config: the model's recommended settings under what the user set (values as a
         form or an API client sends them; ValueError naming the field when one is not valid)."""
         given = {k: RunConfig.coerce(k, v) for k, v in settings.items() if v is not None}
-        return RunConfig(**{**recommended_settings(model_name or self.default_model), **given})
+        return RunConfig(**{**recommended_settings(model_name or self.default_model), "compile": self.compile, **given})
 
     # ------------------------------------------------------------------ the streaming handler
     def run(self, prompt: str, method: str = "SSR", model_name: str = "", draft_model: str = "",

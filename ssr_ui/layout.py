@@ -18,6 +18,7 @@ import gradio as gr
 from engine.acceptance import WEIGHTINGS
 from engine.methods import METHODS
 from engine.presets import BUNDLED, PRESETS
+from engine.runtime.compiled import COMPILE_MODES
 from engine.synthetic import EVAL_SEED_BASE, make_example
 from ssr_ui import charts
 from ssr_ui.handlers import COMPARE_SHOWS, MODES, Studio
@@ -113,6 +114,9 @@ def build_app(studio: Studio) -> gr.Blocks:
                     seed = _as_sent(gr.Number(value=cfg.seed, precision=0, label="Seed"))
                     exact = gr.Checkbox(value=cfg.exact, label="Exact mode",
                                         info="batch- and width-invariant forwards: bitwise the same answer, slower")
+                    compile_steps = gr.Radio(list(COMPILE_MODES), value=cfg.compile, label="Compiled steps",
+                                             info="fixed-shape steps through torch.compile (auto: on CUDA); "
+                                                  "compiled once per model and shape, before the run")
             with gr.Accordion("RSD settings", open=False):
                 with gr.Row():
                     draft_model = gr.Textbox(value=studio.default_draft, label="Draft model")
@@ -192,12 +196,12 @@ def build_app(studio: Studio) -> gr.Blocks:
                 temperature: float = cfg.temperature, seed: int = cfg.seed, draft_model: str = "",
                 prm: str = "", threshold: float = cfg.threshold, weighting: str = cfg.weighting,
                 weight_param: float = cfg.weight_param, think_spec: int = cfg.think_spec, exact: bool = cfg.exact,
-                draft_confidence: float = cfg.draft_confidence):
+                draft_confidence: float = cfg.draft_confidence, compile: str = cfg.compile):
             settings = dict(draft_start=draft_start, max_think=max_think, max_draft=max_draft, max_answer=max_answer,
                             num_drafts=num_drafts, draft_interval=draft_interval, suffix_recovery=suffix_recovery,
                             context_lookup=context_lookup, temperature=temperature, seed=seed, threshold=threshold,
                             weighting=weighting, weight_param=weight_param, think_spec=think_spec, exact=exact,
-                            draft_confidence=draft_confidence)
+                            draft_confidence=draft_confidence, compile=compile)
             with studio.jobs.running(current_event_id(), request.session_hash) as job:
                 if job is None:  # Gradio restarting a job that already ran: never run it twice
                     return
@@ -220,7 +224,7 @@ def build_app(studio: Studio) -> gr.Blocks:
         run_event = run_btn.click(busy, None, buttons, queue=False, **PRIVATE).then(
             run, [prompt, method, model, draft_start, max_think, max_draft, max_answer, num_drafts, draft_interval,
                   suffix, lookup, temperature, seed, draft_model, prm, threshold, weighting, weight_param, think_spec,
-                  exact, draft_confidence],
+                  exact, draft_confidence, compile_steps],
             [reasoning_pane, draft_pane, answer_pane, metrics, chart, last_view, draft_pick, last_runs, run_pick],
             api_name="run", concurrency_limit=RUN_CONCURRENCY, show_progress="minimal", show_progress_on=[metrics])
 

@@ -215,6 +215,15 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
     ]
     if view.exact:
         items.insert(2, ("numerics", "exact"))
+    if view.phase == "compiling":
+        items[1] = ("phase", "compiling steps for this device (once per model and shape)")
+    if view.stats and view.stats.step_mode:
+        compiled = view.stats.step_mode == "compiled"
+        steps = "compiled" + (f" (compiling took {view.stats.compile_s:.1f} s before the run)" if view.stats.compile_s
+                              else "") if compiled else "eager"
+        items.append(("steps", f'<span title="{html.escape(view.stats.step_mode)}">{steps}</span>'))
+    if view.stats and view.stats.cache_mb:
+        items.append(("KV cache", si(view.stats.cache_mb * 2**20) + "B"))
     if view.steps:  # RSD keeps or rewrites whole steps: it recovers no tokens
         items = [i for i in items if i[0] != "recovered"]
         items += [("steps kept", str(c["steps_kept"])), ("steps rewritten", str(c["steps_rewritten"]))]

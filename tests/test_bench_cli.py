@@ -215,3 +215,16 @@ def main_exit(args):
     prompts = f"{folder}/p.jsonl"
     open(prompts, "w").write('{"prompt": "hi"}\n')
     return bench.main([*args, "--prompts", prompts, "--out", f"{folder}/out.json"])
+
+
+def test_bench_compile_flag_reports_the_step_mode(model_dir, prompts, tmp_path, capsys):
+    out = tmp_path / "o.json"
+    code = bench.main(["--model", str(model_dir), "--methods", "baseline,ssr", "--prompts", str(prompts), "--out",
+                       str(out), "--draft-start", "3", "--max-think", "12", "--max-draft", "8", "--max-answer", "10",
+                       "--compile", "off"])
+    result = json.loads(out.read_text())
+    assert code == 0 and result["config"]["compile"] == "off" and result["step_mode"] == "eager: --compile off"
+    assert all(r["cache_mb"] > 0 and r["compile_s"] == 0 for r in result["runs"])
+    with pytest.raises(SystemExit):
+        bench.main(["--model", str(model_dir), "--prompts", str(prompts), "--out", str(out), "--compile", "fast"])
+    assert "invalid choice: 'fast'" in capsys.readouterr().err

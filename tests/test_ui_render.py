@@ -124,6 +124,18 @@ def test_metrics_strip_counts():
         view.apply(ev)
     html = metrics_html(view, "SSR")
     assert "phase" in html and "done" in html and f">{len(view.answer)}<" in html
+    assert "KV cache" in html and "B<" in html and ">eager<" in html  # on the CPU, auto runs the eager static path
+    view.stats.step_mode, view.stats.compile_s = "compiled", 12.34
+    assert "compiled (compiling took 12.3 s before the run)" in metrics_html(view, "SSR")
+    compiling = TraceView()
+    compiling.apply(PhaseEvent("compiling", 0.0))
+    assert "compiling steps for this device" in metrics_html(compiling, "SSR")
+
+
+def test_the_studio_passes_the_compile_choice_and_refuses_a_bad_one(studio):
+    assert studio.config("tiny").compile == "auto" and studio.config("tiny", compile="off").compile == "off"
+    with pytest.raises(ValueError, match="compile='fast' must be one of auto, on, off"):
+        studio.config("tiny", compile="fast")
 
 
 def test_exports_and_import_round_trip(studio, tmp_path):

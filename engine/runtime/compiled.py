@@ -19,6 +19,7 @@ Spaces). Compile time is counted apart from any run's latency.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ def compile_reason(mode: str, device: torch.device, recurrent: bool, exact: bool
         return f"auto compiles on CUDA only (on {device.type} a compile costs more than a run saves)"
     if exact:
         return "exact mode runs its own Python kernels"
+    if os.environ.get("SPACES_ZERO_GPU"):
+        return "ZeroGPU Spaces do not support torch.compile"
     if recurrent:
         return "the model has recurrent states (a padded token would enter them)"
     if not _compiler_available():
@@ -68,7 +71,7 @@ class CompiledSteps:
     model: torch.nn.Module
     cuda_graphs: bool
     backend: str = "inductor"  # tests pass "eager": dynamo's tracing and guards without inductor's compile time
-    shapes: dict[tuple[int, int], float] = field(default_factory=dict)  # (rows, width) -> seconds of its first call
+    shapes: dict[tuple[int, int, int], float] = field(default_factory=dict)  # (rows, width, capacity) -> first call, s
     _fn: object = None
 
     def __post_init__(self) -> None:
@@ -85,7 +88,7 @@ class CompiledSteps:
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
         """Logits ``[rows, width, V]`` of one fixed-shape step (a fresh tensor, safe to keep)."""
-        shape = tuple(ids.shape)
+        shape = (*ids.shape, cache.capacity)
         first = shape not in self.shapes
         # fresh inputs with standard strides, made in inference mode: guards tell apart strides (an
         # expanded row of positions) and inference tensors from normal ones, and either would recompile
