@@ -12,10 +12,15 @@ Speed (the GPU-grade decoding issue):
 
 * ``speed.ms_per_token``: plain decoding (ours), ``generate()`` and ``generate()`` with the static
   cache, and ``bandwidth_limit_ms`` (the weights' bytes over ``--bandwidth-gbs``, H200 by default);
-* ``speed.step_with_draft_row``: a reasoning step with a draft row riding, over a lone step;
+* ``speed.step_2rows_over_1row``: a one-token step of two rows (a draft riding) over one row, and
+  ``speed.step_with_draft_row``: the same ratio from SSR runs' own step times;
 * ``speed.verify32_over_step1``: a 32-token forward over a 1-token forward at the same length;
+* ``speed.step_mode`` and ``speed.compile_s``: compiled steps or the eager static path
+  (``--compile``, auto: compiled on CUDA), and the compile time, spent before anything is timed;
 * ``bundled``: the bundled ``tiny-reasoner`` on this device, held-out ``classes`` prompts: SSR and
-  prompt-lookup ``generate()`` latency over plain decoding, and how many answers are identical.
+  prompt-lookup ``generate()`` latency over plain decoding, and how many answers are identical;
+* ``compiled_vs_eager`` (with ``--vs-eager``): the bundled model's plain decoding with compiled
+  steps over the eager static path, at short budgets and at its tuned ones.
 
 Numerics (the exact-mode issue), for the fast path and for exact mode (``engine.runtime.exact``):
 
@@ -45,7 +50,8 @@ from engine.config import RunConfig
 from engine.methods import decoder
 from engine.model import LoadedModel, load_model, pick_device, random_weights_model
 from engine.presets import BUNDLED_DIR, recommended_settings
-from engine.runtime.cache import checkpoint
+from engine.runtime.cache import crop, take_rows
+from engine.runtime.compiled import COMPILE_MODES
 from engine.ssr import decode_ssr
 from engine.synthetic import EVAL_SEED_BASE, make_example
 
@@ -82,10 +88,11 @@ def _median_s(fn, device: torch.device, repeat: int = 10) -> float:
     return statistics.median(times)
 
 
-def speed(lm: LoadedModel, prompts: list[str], tokens: int, bandwidth_gbs: float) -> dict:
+def speed(lm: LoadedModel, prompts: list[str], tokens: int, bandwidth_gbs: float, compile: str = "auto") -> dict:
     """Per-token cost of plain decoding against generate() (plain and static cache) and the
-    bandwidth bound; what a draft row and a 32-token verify add to a step."""
-    cfg = RunConfig(max_think=tokens, max_answer=8, draft_start=min(16, tokens - 1), max_draft=64)
+    bandwidth bound; what a draft row and a 32-token verify add to a step (on the steps
+    ``compile`` picks: compiled, or the eager static path)."""
+    cfg = RunConfig(max_think=tokens, max_answer=8, draft_start=min(16, tokens - 1), max_draft=64, compile=compile)
     per_token = {}
     for method in ("baseline", "hf", "hf-static"):
         run = decoder(method, lm)
@@ -97,25 +104,30 @@ def speed(lm: LoadedModel, prompts: list[str], tokens: int, bandwidth_gbs: float
     ssr = [list(decode_ssr(lm, p, cfg))[-1].stats for p in prompts]
     ratios = [s.step_s_drafting / s.step_s_alone for s in ssr if s.step_s_drafting and s.step_s_alone]
     ids = lm.prompt_ids(" ".join(PROMPTS))[:64]
-    lm.begin_run()
-    cache = lm.new_cache()
-    lm.step_logits(ids[:32], cache, 0)
-    before = checkpoint(cache, 32)  # what each timed step rolls back to
+    lm.begin_run(compile=compile)
+    lm.compile_for(128, rows=2)
+    caches = {rows: lm.new_cache(128, rows, role=f"{rows} rows") for rows in (1, 2)}
+    for rows, cache in caches.items():
+        lm.step_logits(ids[:32], cache, 0)
+        take_rows(cache, [0] * rows, lm.device)
 
-    def step(width: int):
-        lm.step_logits(ids[32 : 32 + width], cache, 32)
-        lm.rewind(cache, before, [])
+    def step(rows: int, width: int):  # a step at 32 tokens, then rolled back to them
+        lm.forward(torch.tensor([ids[32 : 32 + width]] * rows, device=lm.device), caches[rows], 32)
+        crop(caches[rows], 32)
 
+    one = _median_s(lambda: step(1, 1), lm.device)
     return {"ms_per_token": per_token, "baseline_over_hf_static_tokens_per_s": per_token["hf-static"] / per_token["baseline"],
             "weights_gb": weight_bytes / 1e9, "bandwidth_limit_ms": weight_bytes / (bandwidth_gbs * 1e9) * 1e3,
             "step_with_draft_row": statistics.median(ratios) if ratios else None,
-            "verify32_over_step1": _median_s(lambda: step(32), lm.device) / _median_s(lambda: step(1), lm.device)}
+            "step_2rows_over_1row": _median_s(lambda: step(2, 1), lm.device) / one,
+            "verify32_over_step1": _median_s(lambda: step(1, 32), lm.device) / one,
+            "step_mode": lm.step_mode, "compile_s": lm.compile_seconds}
 
 
-def bundled(device: torch.device, n: int) -> dict:
+def bundled(device: torch.device, n: int, compile: str = "auto") -> dict:
     """The bundled tiny-reasoner on this device, held-out classes prompts, interleaved per prompt."""
     lm = load_model("tiny-reasoner", device=str(device))
-    cfg = RunConfig(**recommended_settings("tiny-reasoner"))
+    cfg = RunConfig(**recommended_settings("tiny-reasoner"), compile=compile)
     prompts = [make_example("classes", EVAL_SEED_BASE + i).prompt for i in range(n)]
     runs = {m: [] for m in ("baseline", "ssr", "hf-pld")}
     for m in runs:  # warm-up
@@ -127,7 +139,26 @@ def bundled(device: torch.device, n: int) -> dict:
              for m in ("ssr", "hf-pld")}
     same = sum(s.answer_ids == b.answer_ids for s, b in zip(runs["ssr"], runs["baseline"]))
     return {"prompts": n, "ssr_over_baseline": ratio["ssr"], "hf_pld_over_baseline": ratio["hf-pld"],
-            "ssr_answers_identical": same}
+            "ssr_answers_identical": same, "step_mode": runs["ssr"][0].stats.step_mode, "compile_s": lm.compile_seconds}
+
+
+def compiled_vs_eager(device: torch.device, n: int) -> dict:
+    """The bundled tiny-reasoner's plain decoding, compiled steps over the eager static path
+    (tokens per second, interleaved per prompt, median of per-prompt ratios), at short budgets and
+    at its tuned ones: compiled steps attend over the whole fixed capacity, so the budgets matter."""
+    lm = load_model("tiny-reasoner", device=str(device))
+    prompts = [make_example("classes", EVAL_SEED_BASE + 200 + i).prompt for i in range(n)]
+    out = {}
+    for name, cfg in (("short (100 + 50)", RunConfig(max_think=100, max_answer=50)),
+                      ("tuned", RunConfig(**recommended_settings("tiny-reasoner")))):
+        for mode in ("off", "on"):  # warm-up; "on" compiles here, before anything is timed
+            list(decode_baseline(lm, prompts[0], cfg.replace(compile=mode)))
+        rate = {p: [list(decode_baseline(lm, p, cfg.replace(compile=m)))[-1].stats.tokens_per_s
+                    for m in ("off", "on")] for p in prompts}
+        out[name] = {"compiled_over_eager_tokens_per_s": statistics.median(on / off for off, on in rate.values()),
+                     "eager_tokens_per_s": statistics.median(off for off, _ in rate.values())}
+    out["compile_s"], out["shapes"] = lm.compile_seconds, len(lm.compiled.shapes) if lm.compiled else 0
+    return out
 
 
 def logits_beside(lm: LoadedModel, rows: list[list[int]], prefix: list[int], exact: bool) -> torch.Tensor:
@@ -177,18 +208,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=None, help="reasoning tokens per run (512 on CUDA, 48 on a CPU)")
     ap.add_argument("--bandwidth-gbs", type=float, default=4800.0, help="memory bandwidth for the bound (H200)")
     ap.add_argument("--bundled-prompts", type=int, default=10)
+    ap.add_argument("--vs-eager", action="store_true",
+                    help="also time the bundled model's plain decoding compiled vs the eager static path")
+    ap.add_argument("--compile", choices=COMPILE_MODES, default="auto",
+                    help="the speed figures' steps: compiled (auto: on CUDA) or the eager static path")
     args = ap.parse_args(argv)
     device = pick_device(args.device)
     tokens = args.tokens or (512 if device.type == "cuda" else 48)
     start = time.perf_counter()
     lm = random_model(device)
     report: dict = {"device": str(device), "model": lm.model_id, "dtype": lm.dtype, "torch": torch.__version__}
-    report["speed"] = speed(lm, PROMPTS[: args.prompts], tokens, args.bandwidth_gbs)
+    report["speed"] = speed(lm, PROMPTS[: args.prompts], tokens, args.bandwidth_gbs, args.compile)
     s = report["speed"]
-    print(f"speed: ms/token {s['ms_per_token']} (bandwidth bound {s['bandwidth_limit_ms']:.2f}); step with a draft "
-          f"row {s['step_with_draft_row']}x; 32-token verify {s['verify32_over_step1']:.2f}x a 1-token step", flush=True)
-    report["bundled"] = bundled(device, args.bundled_prompts)
+    print(f"speed ({s['step_mode']}, compiling took {s['compile_s']:.0f} s): ms/token {s['ms_per_token']} (bandwidth "
+          f"bound {s['bandwidth_limit_ms']:.2f}); a 2-row step {s['step_2rows_over_1row']:.2f}x a 1-row step (in SSR "
+          f"runs: {s['step_with_draft_row']}x); 32-token verify {s['verify32_over_step1']:.2f}x a 1-token step", flush=True)
+    report["bundled"] = bundled(device, args.bundled_prompts, args.compile)
     print(f"bundled tiny-reasoner: {report['bundled']}", flush=True)
+    if args.vs_eager:
+        report["compiled_vs_eager"] = compiled_vs_eager(device, args.bundled_prompts)
+        print(f"compiled vs eager static steps: {report['compiled_vs_eager']}", flush=True)
     for mode, exact in (("fast", False), ("exact", True)):
         report[mode] = {**invariance(lm, exact), "agreement": agreements(lm, PROMPTS[: args.prompts], tokens, exact)}
         print(f"{mode:>5}: rows {report[mode]['rows_max_abs_diff']}  width {report[mode]['width_max_abs_diff']}  "

@@ -93,6 +93,7 @@ def test_gpu_check_runs_on_the_cpu(tmp_path):
     report = json.loads(out.read_text())
     speed = report["speed"]
     assert set(speed["ms_per_token"]) == {"baseline", "hf", "hf-static"} and speed["verify32_over_step1"] > 0
+    assert speed["step_2rows_over_1row"] > 0 and speed["step_mode"].startswith("eager: auto compiles on CUDA only")
     assert speed["weights_gb"] > 0 and report["bundled"]["ssr_answers_identical"] == 1
     exact = report["exact"]
     assert set(exact["rows_max_abs_diff"].values()) == {0.0} and set(exact["width_max_abs_diff"].values()) == {0.0}

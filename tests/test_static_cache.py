@@ -257,3 +257,15 @@ def test_inductor_compiles_plain_decoding_on_the_cpu():
     assert (on.reasoning_ids, on.answer_ids) == (off.reasoning_ids, off.answer_ids)
     assert on.stats.step_mode == "compiled" and on.stats.compile_s > 0 and len(lm.compiled.shapes) == len(BUCKETS)
     assert isinstance(lm.new_cache(40).slot_layers[0], SlotLayer)
+
+
+def test_gpu_check_times_compiled_against_eager_steps(monkeypatch):
+    import functools
+
+    from engine import gpu_check
+
+    monkeypatch.setattr("engine.model.CompiledSteps", functools.partial(CompiledSteps, backend="eager"))
+    monkeypatch.setattr("engine.runtime.compiled.shutil.which", lambda _: "/usr/bin/c++")
+    out = gpu_check.compiled_vs_eager(torch.device("cpu"), 1)
+    assert set(out) == {"short (100 + 50)", "tuned", "compile_s", "shapes"} and out["shapes"] >= len(BUCKETS)
+    assert all(out[k]["compiled_over_eager_tokens_per_s"] > 0 for k in ("short (100 + 50)", "tuned"))
