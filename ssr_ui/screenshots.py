@@ -42,6 +42,7 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> 
 def _wait_done(page, timeout_ms: int = 180_000) -> None:
     page.wait_for_function("[...document.querySelectorAll('.metrics .v')].some(v => v.innerText === 'done')",
                            timeout=timeout_ms)
+    page.wait_for_function("document.querySelector('#stop').disabled", timeout=30_000)  # the buttons are back
 
 
 def main(argv: list[str] | None = None) -> None:
