@@ -205,6 +205,7 @@ def test_every_shape_bucket_compiled_matches_eager(eager_compiled):
             got = lm.forward(feed, fixed, 20)
             torch.testing.assert_close(got, lm.forward(feed, eager, 20), atol=1e-10, rtol=0)
             assert got.shape[1] == width and fixed.get_seq_length() == 20 + width  # the padding was given back
+            assert int(fixed.cursor.tensor) == 20 + width  # one device cursor, shared by every layer
             assert (rows, bucket(width), fixed.capacity) in lm.compiled.shapes
     assert len(lm.compiled.shapes) == 2 * len(BUCKETS)
 

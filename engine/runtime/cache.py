@@ -88,9 +88,11 @@ def crop(cache, length: int) -> None:
     assert extra >= 0, f"cannot crop a cache of {seq_length(cache)} tokens to {length}"
     if not extra:
         return
+    if isinstance(cache, SlotCache):
+        cache.set_length(length)  # every slot layer, the attention part of hybrid layers too
     for layer in _attention(cache):
-        if layer.get_seq_length() > length:  # the attention part of hybrid layers too
-            (SlotLayer if isinstance(layer, SlotLayer) else DynamicLayer).crop(layer, length - layer.get_seq_length())
+        if isinstance(layer, DynamicLayer) and layer.get_seq_length() > length:  # a kind left as transformers made it
+            DynamicLayer.crop(layer, length - layer.get_seq_length())
 
 
 def take_rows(cache, rows: list[int] | torch.Tensor, device) -> None:
@@ -100,11 +102,10 @@ def take_rows(cache, rows: list[int] | torch.Tensor, device) -> None:
 
 def compact(cache, keep: torch.Tensor) -> None:
     """Keep only the slots ``keep`` (1-D indices, in order) of a one-row cache: the row's holes go."""
+    if isinstance(cache, SlotCache):
+        cache.compact(keep)
     for layer in _attention(cache):
-        if isinstance(layer, SlotLayer):
-            if layer.is_initialized:
-                layer.compact(keep)
-        elif layer.is_initialized and layer.keys.numel():
+        if isinstance(layer, DynamicLayer) and layer.is_initialized and layer.keys.numel():
             layer.keys = layer.keys.index_select(-2, keep)
             layer.values = layer.values.index_select(-2, keep)
 

@@ -41,18 +41,25 @@ from transformers.cache_utils import (
 )
 
 
+class Cursor:
+    """The slots in use, as a device tensor that every slot layer of one fixed cache reads (so a
+    step or a rollback moves it with one kernel, not one per layer)."""
+
+    tensor: torch.Tensor | None = None
+
+
 class SlotLayer(CacheLayerMixin):
     """One attention layer's K/V in a preallocated buffer; ``length`` slots in use in every row."""
 
     is_sliding = False
     is_croppable = True
 
-    def __init__(self, capacity: int, rows: int = 1, fixed: bool = False) -> None:
+    def __init__(self, capacity: int, rows: int = 1, fixed: bool = False, cursor: Cursor | None = None) -> None:
         super().__init__()
         self.capacity, self.rows_capacity, self.fixed = capacity, rows, fixed
-        self.length = 0  # slots in use (the host's copy; ``pos`` is the device's, for fixed steps)
+        self.length = 0  # slots in use (the host's count; for fixed steps the cursor is the device's)
         self.rows = 1  # rows in use
-        self.pos: torch.Tensor | None = None
+        self.cursor = cursor or Cursor()
 
     @property
     def is_compileable(self) -> bool:
@@ -64,9 +71,11 @@ class SlotLayer(CacheLayerMixin):
         rows = max(self.rows_capacity, self.rows)
         self._k = key_states.new_zeros(rows, key_states.shape[1], self.capacity, key_states.shape[-1])
         self._v = value_states.new_zeros(rows, value_states.shape[1], self.capacity, value_states.shape[-1])
-        self.pos = torch.tensor(self.length, device=self.device)
         if self.fixed:  # compiled steps and CUDA graphs read these in place, never copy them
-            for buf in (self._k, self._v, self.pos):
+            if self.cursor.tensor is None:
+                self.cursor.tensor = torch.tensor(self.length, device=self.device)
+                torch._dynamo.mark_static_address(self.cursor.tensor)
+            for buf in (self._k, self._v):
                 torch._dynamo.mark_static_address(buf)
         self.is_initialized = True
 
@@ -91,11 +100,10 @@ class SlotLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         t = key_states.shape[-2]
-        if self.fixed:  # shapes and addresses fixed: the position is a device tensor
-            at = self.pos + torch.arange(t, device=self.device)
+        if self.fixed:  # shapes and addresses fixed: the position is a device tensor (moved after the step)
+            at = self.cursor.tensor + torch.arange(t, device=self.device)
             self._k[: self.rows].index_copy_(2, at, key_states)
             self._v[: self.rows].index_copy_(2, at, value_states)
-            self.pos.add_(t)
             return self._k[: self.rows], self._v[: self.rows]
         end = self.length + t
         if end > self.capacity:
@@ -104,10 +112,6 @@ class SlotLayer(CacheLayerMixin):
         self._v[: self.rows, :, self.length : end] = value_states
         self.length = end
         return self._k[: self.rows, :, :end], self._v[: self.rows, :, :end]
-
-    def advanced(self, t: int) -> None:
-        """The host learns that a fixed step wrote ``t`` slots (the device already knows)."""
-        self.length += t
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return (self.capacity, 0) if self.fixed else (self.length + query_length, 0)
@@ -120,14 +124,9 @@ class SlotLayer(CacheLayerMixin):
 
     # ---------------------------------------------------------------- what the decode loops do
     def crop(self, tokens_to_remove: int) -> None:
+        """transformers' API (the host's count; a fixed cache's cursor moves with :meth:`SlotCache.crop`)."""
         assert tokens_to_remove <= 0, "crop by a negative number of slots"
-        self.set_length(self.length + tokens_to_remove)
-
-    @torch.inference_mode()
-    def set_length(self, length: int) -> None:
-        self.length = length
-        if self.pos is not None:
-            self.pos.fill_(length)
+        self.length += tokens_to_remove
 
     @torch.inference_mode()
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
@@ -153,7 +152,7 @@ class SlotLayer(CacheLayerMixin):
         """One row keeps only the slots ``keep`` (its holes go), packed at the start."""
         for buf in (self._k, self._v):
             buf[:1, :, : len(keep)] = buf[:1].index_select(2, keep)
-        self.set_length(len(keep))
+        self.length = len(keep)
 
     @torch.inference_mode()
     def _grow(self, need: int) -> None:
@@ -174,8 +173,9 @@ class SlotLayer(CacheLayerMixin):
 class LinearSlotLayer(LinearAttentionLayer, SlotLayer):
     """A hybrid layer: recurrent states (kept as transformers keeps them) and attention slots."""
 
-    def __init__(self, capacity: int, rows: int = 1, fixed: bool = False, number_of_states: int = 1) -> None:
-        SlotLayer.__init__(self, capacity, rows, fixed)
+    def __init__(self, capacity: int, rows: int = 1, fixed: bool = False, cursor: Cursor | None = None,
+                 number_of_states: int = 1) -> None:
+        SlotLayer.__init__(self, capacity, rows, fixed, cursor)
         LinearAttentionLayer.__init__(self, number_of_states=number_of_states)
 
     def lazy_initialization(self, *args, **kwargs) -> None:
@@ -196,7 +196,9 @@ class SlotCache(Cache):
     """A model's cache with every attention layer a :class:`SlotLayer`."""
 
     def __init__(self, config, capacity: int, rows: int = 1, fixed: bool = False) -> None:
-        super().__init__(layers=[_slot(layer, capacity, rows, fixed) for layer in DynamicCache(config=config).layers])
+        self.cursor = Cursor()
+        super().__init__(layers=[_slot(layer, capacity, rows, fixed, self.cursor)
+                                 for layer in DynamicCache(config=config).layers])
         self.capacity, self.fixed = capacity, fixed
 
     @property
@@ -205,19 +207,38 @@ class SlotCache(Cache):
 
     def get_query_offset(self, layer_idx: int = 0):
         """Where this forward's queries sit: a device tensor for fixed steps (no recompiles)."""
-        first = self.slot_layers[0] if self.fixed and self.slot_layers else None
-        return first.pos if first is not None and first.pos is not None else super().get_query_offset(layer_idx)
+        return self.cursor.tensor if self.fixed and self.cursor.tensor is not None else super().get_query_offset(layer_idx)
+
+    @torch.inference_mode()
+    def set_length(self, length: int) -> None:
+        """Every slot layer holds ``length`` slots (a rollback: nothing moves but the count)."""
+        for layer in self.slot_layers:
+            layer.length = length
+        if self.cursor.tensor is not None:
+            self.cursor.tensor.fill_(length)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.set_length(self.get_seq_length() + tokens_to_remove)
+
+    def compact(self, keep: torch.Tensor) -> None:
+        """A one-row cache keeps only the slots ``keep`` (its holes go)."""
+        for layer in self.slot_layers:
+            if layer.is_initialized:
+                layer.compact(keep)
+        self.set_length(len(keep))
 
     def empty(self) -> None:
         """Back to no slots and one row, buffers kept (a fixed cache handed to the next run)."""
+        self.set_length(0)
         for layer in self.slot_layers:
-            layer.set_length(0)
             layer.rows = 1
 
+    @torch.inference_mode()
     def advanced(self, t: int) -> None:
-        if self.fixed:
-            for layer in self.slot_layers:
-                layer.advanced(t)
+        """A fixed step wrote ``t`` slots in every layer: the host's counts and the cursor move."""
+        for layer in self.slot_layers:
+            layer.length += t
+        self.cursor.tensor.add_(t)
 
     @property
     def ready(self) -> bool:
@@ -230,9 +251,9 @@ class SlotCache(Cache):
         return sum(layer.nbytes for layer in self.slot_layers)
 
 
-def _slot(layer, capacity: int, rows: int, fixed: bool):
+def _slot(layer, capacity: int, rows: int, fixed: bool, cursor: Cursor):
     if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer):
-        return SlotLayer(capacity, rows, fixed)
+        return SlotLayer(capacity, rows, fixed, cursor)
     if type(layer) in (LinearAttentionAndFullAttentionLayer, LinearAttentionAndSlidingWindowAttentionLayer):
-        return LinearSlotLayer(capacity, rows, fixed, number_of_states=layer.number_of_states)
+        return LinearSlotLayer(capacity, rows, fixed, cursor, number_of_states=layer.number_of_states)
     return layer  # recurrent-only, KV-shared (nothing stored) or a kind we do not know: as transformers made it
