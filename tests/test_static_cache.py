@@ -270,3 +270,21 @@ def test_gpu_check_times_compiled_against_eager_steps(monkeypatch):
     out = gpu_check.compiled_vs_eager(torch.device("cpu"), 1)
     assert set(out) == {"short (100 + 50)", "tuned", "compile_s", "shapes"} and out["shapes"] >= len(BUCKETS)
     assert all(out[k]["compiled_over_eager_tokens_per_s"] > 0 for k in ("short (100 + 50)", "tuned"))
+
+
+@pytest.mark.parametrize("scorer", ["prm", "target-likelihood"])
+def test_compiled_rsd_is_token_for_token_the_same(eager_compiled, scorer):
+    """RSD with both writers compiled (each with its own fixed cache, the PRM eager): the same
+    steps, verdicts and tokens as with eager steps."""
+    from engine.prm import MathShepherdScorer  # noqa: PLC0415
+    from engine.rsd import decode_rsd  # noqa: PLC0415
+
+    target = eager_compiled(make_model("llama", seed=1, init_scale=2.0))
+    draft = eager_compiled(make_model("qwen2", seed=2, init_scale=2.0))
+    prm = MathShepherdScorer(make_model("llama", seed=3)) if scorer == "prm" else scorer
+    cfg = RunConfig(max_think=40, max_answer=20, max_step_tokens=12, threshold=0.5)
+    runs = {mode: final(decode_rsd(target, draft, prm, "Start with 7", cfg.replace(compile=mode))) for mode in ("off", "on")}
+    assert (runs["on"].reasoning_ids, runs["on"].answer_ids) == (runs["off"].reasoning_ids, runs["off"].answer_ids)
+    assert (runs["on"].stats.steps_accepted, runs["on"].stats.steps_rejected) == \
+        (runs["off"].stats.steps_accepted, runs["off"].stats.steps_rejected)
+    assert runs["on"].stats.step_mode == "compiled" and runs["on"].stats.compile_s > 0 and runs["on"].stats.cache_mb > 0
