@@ -275,6 +275,8 @@ class LoadedModel:
         if attention_mask is not None:
             mask[:, : attention_mask.shape[1]] = attention_mask
         width = bucket(t)
+        if start + (width or t) > cache.capacity:
+            raise RuntimeError(f"a {width or t}-token step at slot {start} does not fit a cache of {cache.capacity} slots")
         if width is None or self.compiled is None or not cache.ready:  # a first forward makes the buffers eagerly
             logits = self.model(input_ids=ids, cache=cache, position_ids=positions, attention_mask=mask, use_cache=True,
                                 logits_to_keep=t).logits
@@ -283,8 +285,6 @@ class LoadedModel:
         if width > t:
             ids = torch.cat([ids, ids[:, -1:].expand(b, width - t)], dim=1)
             positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, width - t + 1, device=self.device)], 1)
-        if start + width > cache.capacity:
-            raise RuntimeError(f"a {width}-token step at slot {start} does not fit a cache of {cache.capacity} slots")
         logits = self.compiled(ids, positions, mask, cache)
         cache.advanced(width)
         if width > t:

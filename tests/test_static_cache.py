@@ -288,3 +288,11 @@ def test_compiled_rsd_is_token_for_token_the_same(eager_compiled, scorer):
     assert (runs["on"].stats.steps_accepted, runs["on"].stats.steps_rejected) == \
         (runs["off"].stats.steps_accepted, runs["off"].stats.steps_rejected)
     assert runs["on"].stats.step_mode == "compiled" and runs["on"].stats.compile_s > 0 and runs["on"].stats.cache_mb > 0
+
+
+def test_a_step_past_a_fixed_cache_says_so():
+    lm = _model("llama", torch.float64)
+    cache = SlotCache(lm.model.config, 16, fixed=True)
+    _feed(lm, cache, list(range(10, 22)), 0)
+    with pytest.raises(RuntimeError, match="a 8-token step at slot 12 does not fit a cache of 16 slots"):
+        _feed(lm, cache, list(range(30, 38)), 12)
