@@ -109,7 +109,7 @@ def speed(lm: LoadedModel, prompts: list[str], tokens: int, bandwidth_gbs: float
     caches = {rows: lm.new_cache(128, rows, role=f"{rows} rows") for rows in (1, 2)}
     for rows, cache in caches.items():
         lm.step_logits(ids[:32], cache, 0)
-        take_rows(cache, [0] * rows, lm.device)
+        take_rows(cache, [0] * rows)
 
     def step(rows: int, width: int):  # a step at 32 tokens, then rolled back to them
         lm.forward(torch.tensor([ids[32 : 32 + width]] * rows, device=lm.device), caches[rows], 32)
@@ -166,7 +166,7 @@ def logits_beside(lm: LoadedModel, rows: list[list[int]], prefix: list[int], exa
     lm.begin_run(exact)
     cache = lm.new_cache()
     lm.step_logits(prefix, cache, 0)
-    cache.reorder_cache(torch.zeros(len(rows), dtype=torch.long, device=lm.device))
+    take_rows(cache, [0] * len(rows))
     return lm.forward(torch.tensor(rows, device=lm.device), cache, len(prefix)).float()
 
 

@@ -133,7 +133,7 @@ class LoadedModel:
         cache = self.new_cache()
         ids = self.prompt_ids("warm up")
         self.step_logits(ids, cache, 0)
-        take_rows(cache, [0, 0], self.device)
+        take_rows(cache, [0, 0])
         self.forward(torch.tensor([[ids[-1]], [ids[-1]]], device=self.device), cache, len(ids))
 
     @property
@@ -223,11 +223,11 @@ class LoadedModel:
             return 0.0
         before = self.compile_seconds
         ready = self.new_cache(capacity, rows)
-        take_rows(ready, [0] * rows, self.device)  # one eager forward over every row makes the buffers
+        take_rows(ready, [0] * rows)  # one eager forward over every row makes the buffers
         self.forward(torch.zeros(rows, 1, dtype=torch.long, device=self.device), ready, 0)
         for r, w in shapes:
             cache = self.new_cache(capacity, rows)
-            take_rows(cache, [0] * r, self.device)
+            take_rows(cache, [0] * r)
             self.forward(torch.zeros(r, w, dtype=torch.long, device=self.device), cache, 0)
         self.new_cache(capacity, rows)  # leave it empty
         return self.compile_seconds - before

@@ -246,7 +246,7 @@ class _Batch:
 
     def fork(self, rows_after: int) -> None:
         """Append a copy of the main row (there are ``rows_after`` drafts once it is added)."""
-        take_rows(self.cache, [*range(rows_after), 0], self.device)
+        take_rows(self.cache, [*range(rows_after), 0])
         if self.valid is not None:
             self.valid = torch.cat([self.valid, self.valid[:1]])
         self.positions.append(self.positions[0])
@@ -284,7 +284,7 @@ class _Batch:
 
     def select(self, keep: list[int]) -> None:
         """Keep these rows; a lone main row sheds its holes."""
-        take_rows(self.cache, keep, self.device)
+        take_rows(self.cache, keep)
         self.positions = [self.positions[i] for i in keep]
         if self.valid is not None:
             self.valid = self.valid[keep]

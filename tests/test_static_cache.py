@@ -103,7 +103,7 @@ def test_fork_and_drop_rows(kind):
     ids = lm.prompt_ids("one two three four five six")
     cache = lm.new_cache(64, rows=3)
     _feed(lm, cache, ids[:10], 0)
-    take_rows(cache, [0, 0, 0], lm.device)
+    take_rows(cache, [0, 0, 0])
     tails = [ids[10:13], ids[13:16], ids[16:19]]
     got = lm.forward(torch.tensor(tails), cache, 10)
     alone = []
@@ -113,7 +113,7 @@ def test_fork_and_drop_rows(kind):
         alone.append(_feed(lm, single, tail, 10))
     for r in range(3):
         torch.testing.assert_close(got[r], alone[r], atol=1e-10, rtol=0)
-    take_rows(cache, [0, 2], lm.device)
+    take_rows(cache, [0, 2])
     nxt = lm.forward(torch.tensor([[ids[20]], [ids[21]]]), cache, 13)
     single = lm.new_cache(64)
     _feed(lm, single, ids[:10], 0)  # fed in the same chunks (a recurrent layer's chunked and step kernels differ)
@@ -200,7 +200,7 @@ def test_every_shape_bucket_compiled_matches_eager(eager_compiled):
             eager = SlotCache(lm.model.config, 200, rows=3)
             for c in (fixed, eager):
                 _feed(lm, c, ids[:20], 0)
-                take_rows(c, [0] * rows, lm.device)
+                take_rows(c, [0] * rows)
             feed = torch.tensor([ids[20 + r : 20 + r + width] for r in range(rows)])
             got = lm.forward(feed, fixed, 20)
             torch.testing.assert_close(got, lm.forward(feed, eager, 20), atol=1e-10, rtol=0)

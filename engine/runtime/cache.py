@@ -95,9 +95,10 @@ def crop(cache, length: int) -> None:
             DynamicLayer.crop(layer, length - layer.get_seq_length())
 
 
-def take_rows(cache, rows: list[int] | torch.Tensor, device) -> None:
-    """Rebuild the batch from these rows, in this order (a row may repeat: that is a fork)."""
-    cache.reorder_cache(torch.as_tensor(rows, device=device))
+def take_rows(cache, rows: list[int]) -> None:
+    """Rebuild the batch from these rows, in this order (a row may repeat: that is a fork). The
+    indices stay on the host: each layer moves them where it needs them, nothing syncs back."""
+    cache.reorder_cache(torch.as_tensor(rows))
 
 
 def compact(cache, keep: torch.Tensor) -> None:
