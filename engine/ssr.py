@@ -92,6 +92,18 @@ class _State:
         self.answer: list[int] = []
         self.ended = False  # the model ended the sequence inside its reasoning
 
+    def verify(self, proposed: list[int], probs) -> tuple[int, int]:
+        """Feed the unfed token(s) and ``proposed`` in one forward; keep what the verifier
+        accepts in the cache. (Accepted count, the verifier's next token.)"""
+        fed = self.unfed + proposed
+        ckpt = checkpoint(self.cache, self.length)
+        logits = self.lm.step_logits(fed, self.cache, self.length)[len(self.unfed) - 1 :]  # [k + 1, V]
+        self.rec.forward()
+        accepted, nxt = self.main.verify(logits, proposed, probs)
+        self.lm.rewind(self.cache, ckpt, fed[: len(self.unfed) + accepted])
+        self.length += len(self.unfed) + accepted
+        return accepted, nxt
+
 
 def _reason_and_draft(s: _State, markers, first_input: int) -> Iterator[Event]:
     cfg, rec, lm = s.cfg, s.rec, s.lm
@@ -294,7 +306,9 @@ class _Batch:
                 self.length, self.valid = len(slots), None
 
 
-def _answer(s: _State) -> Iterator[Event]:
+def _answer(s) -> Iterator[Event]:
+    """Phase B over any state with ``verify`` (in-process: :class:`_State`; a server:
+    ``engine.remote.ssr``)."""
     cfg, rec, lm = s.cfg, s.rec, s.lm
     stop = lm.eos_ids
     proposers = [DraftPrefixProposer(s.drafts[-1] if s.drafts else None)]
@@ -311,20 +325,13 @@ def _answer(s: _State) -> Iterator[Event]:
             if prop is not None:
                 break
         proposed = prop.tokens if prop else []
-        # 2. verify: the unfed token(s) and the proposal in one forward
-        fed = s.unfed + proposed
-        ckpt = checkpoint(s.cache, s.length)
-        logits = lm.step_logits(fed, s.cache, s.length)[len(s.unfed) - 1 :]  # [k + 1, V]
-        rec.forward()
-        accepted, nxt = s.main.verify(logits, proposed, prop.probs if prop else None)
-        # 3. accept: roll the cache back to the accepted tokens; a draft's end, accepted, ends the answer
+        # 2. verify: the unfed token(s) and the proposal in one forward; the state keeps what is accepted
+        accepted, nxt = s.verify(proposed, prop.probs if prop else None)
+        # 3. accept; a draft's end, accepted, ends the answer
         taken = proposed[:accepted]
         ended = bool(taken) and taken[-1] in stop
         if ended:
             taken.pop()
-        else:
-            lm.rewind(s.cache, ckpt, fed[: len(s.unfed) + accepted])
-            s.length += len(s.unfed) + accepted
         for j, t in enumerate(taken):
             yield rec.token("answer", t, prop.status, prop.draft, prop.source, prop.match_len)
             if prop.draft is not None:
