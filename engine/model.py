@@ -110,21 +110,8 @@ class LoadedModel:
 
     # ------------------------------------------------------------------ prompts
     def prompt_ids(self, user_text: str) -> list[int]:
-        """The user message through the chat template with thinking on; the think block is
-        opened here when the template leaves it to the model (as Qwen3's does)."""
-        tok = self.tokenizer
-        if getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template(
-                [{"role": "user", "content": user_text}], add_generation_prompt=True, tokenize=False,
-                enable_thinking=True,
-            )
-        else:
-            text = user_text + "\n"
-        ids = tok.encode(text, add_special_tokens=False)
-        m = self.markers
-        if m is not None and m.open_ids and not _ends_with_open(ids, m.open_ids):
-            ids = ids + list(m.open_ids)
-        return ids
+        """The user message templated, think block opened (:func:`chat_prompt_ids`)."""
+        return chat_prompt_ids(self.tokenizer, self.markers, user_text)
 
     def warm_up(self) -> None:
         """One short prefill and one batched step, so a first run's timings do not include the
@@ -300,6 +287,20 @@ def _fixed_capacity(capacity: int) -> int:
     """A fixed cache's slots: room for one padded step on top, rounded up to a power of two (few
     sizes, so few compiled shapes; at most twice the budgets)."""
     return 1 << (capacity + BUCKETS[-1] - 1).bit_length()
+
+
+def chat_prompt_ids(tok, markers: ThinkMarkers | None, user_text: str) -> list[int]:
+    """The user message through the chat template with thinking on; the think block is opened
+    here when the template leaves it to the model (as Qwen3's does)."""
+    if getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template([{"role": "user", "content": user_text}], add_generation_prompt=True,
+                                       tokenize=False, enable_thinking=True)
+    else:
+        text = user_text + "\n"
+    ids = tok.encode(text, add_special_tokens=False)
+    if markers is not None and markers.open_ids and not _ends_with_open(ids, markers.open_ids):
+        ids = ids + list(markers.open_ids)
+    return ids
 
 
 def _ends_with_open(ids: list[int], open_ids: tuple[int, ...]) -> bool:

@@ -1,0 +1,241 @@
+"""Plain decoding and SSR against a vLLM server: the same events, colours and stats as in process.
+
+``baseline``: the reasoning is one streamed request (stopped by the server at the end-of-thinking
+marker or an end of sequence, ``max_think`` tokens at most; on reaching the budget the marker and
+the template tail are appended, as in process), then the answer is a second one.
+
+``ssr`` (greedy): phase A streams the main reasoning; at each fork point a draft is a duplicated
+request (the question, the reasoning so far and the end-of-thinking marker), streamed beside the
+main one and batched with it by the server, which also shares their prefix in its cache (the
+paper's own vLLM method). A draft still streaming when the reasoning ends keeps what it has.
+Phase B is SSR's own answer loop (``engine.ssr``) over :class:`RemoteState`, whose ``verify`` sends
+the candidate tokens in one request with ``prompt_logprobs`` (the rank-1 token at each position is
+the greedy one); with nothing to verify it asks for the next token with a plain request, which
+reads the server's prefix cache. A verify re-prefills its prompt on the server (vLLM skips the
+prefix cache for ``prompt_logprobs``): the cost the proposal lengths face there.
+
+Not over a server (each refused with the reason): sampling in SSR (the server returns top-k
+log-probabilities, not the distributions speculative sampling needs), reasoning lookups
+(``think_spec``: rows with holes are an in-process cache layout) and exact mode.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+
+from engine.config import RunConfig
+from engine.events import Event
+from engine.proposers import Draft
+from engine.recorder import Recorder
+from engine.remote.client import BackendError
+from engine.remote.model import RemoteModel
+from engine.ssr import _answer, _fork_at
+from engine.suffix_index import SuffixIndex
+
+
+def decode_remote_baseline(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
+    """Yield the events of a plain run of ``prompt`` on the server."""
+    _check(cfg)
+    prompt_ids = rm.prompt_ids(prompt)
+    rec = _recorder(rm, "baseline", prompt_ids)
+    markers, eos = rm.markers, rm.eos_ids
+    seq = list(prompt_ids)
+    yield rec.phase("prefill")  # the server prefills inside the first request
+    forced: list[int] = []
+    ended = False
+    if markers is not None:
+        yield rec.phase("reasoning")
+        closed = False
+        for tok in _stream(rm, rec, seq, cfg.max_think, eos | {markers.close_id}, cfg):
+            if tok in eos:
+                ended = True
+                break
+            yield rec.token("reasoning", tok)
+            closed = tok == markers.close_id
+        seq += rec.streams.get(("reasoning", None), [])
+        if not (ended or closed):  # budget forcing
+            yield rec.token("reasoning", markers.close_id)
+            forced = list(markers.close_ids[1:])
+            seq += markers.close_ids
+    yield rec.phase("answer")
+    for t in forced:
+        yield rec.token("answer", t)
+    if not ended and cfg.max_answer > len(forced):
+        for tok in _stream(rm, rec, seq, cfg.max_answer - len(forced), eos, cfg):
+            if tok in eos:
+                break
+            yield rec.token("answer", tok)
+    yield rec.phase("done")
+    yield rec.done()
+
+
+def decode_remote_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
+    """Yield the events of a greedy SSR run of ``prompt`` on the server."""
+    markers = rm.require_markers()
+    cfg.check_ssr()
+    _check(cfg)
+    if not cfg.greedy:
+        raise ValueError("SSR over a vLLM server is greedy only (temperature 0): verifying sampled tokens needs "
+                         "the full distributions, and the server returns top-k log-probabilities")
+    if cfg.think_spec:
+        raise ValueError("think_spec (reasoning lookups) runs in process only: set it to 0 for a vLLM server")
+    prompt_ids = rm.prompt_ids(prompt)
+    rec = _recorder(rm, "ssr", prompt_ids)
+    index = SuffixIndex(cfg.min_match)
+    index.extend("prompt", prompt_ids)
+    state = RemoteState(rm, cfg, rec, index, prompt_ids)
+    yield rec.phase("prefill")
+    yield from _reason_and_fork(state, markers)
+    if not state.ended:
+        index.reset_cursors()
+        yield from _answer(state)
+    yield rec.phase("done")
+    yield rec.done()
+
+
+class RemoteState:
+    """What SSR's answer loop reads and calls, over a server: the tokens committed so far and a
+    ``verify`` that asks the server."""
+
+    def __init__(self, rm: RemoteModel, cfg: RunConfig, rec: Recorder, index: SuffixIndex, prompt_ids: list[int]):
+        self.lm, self.cfg, self.rec, self.index = rm, cfg, rec, index
+        self.seq = list(prompt_ids)  # every token before the unfed ones
+        self.drafts: list[Draft] = []
+        self.unfed: list[int] = []
+        self.answer: list[int] = []
+        self.ended = False
+
+    def verify(self, proposed: list[int], probs) -> tuple[int, int]:
+        """(Accepted count, the server's next token) for ``proposed`` after the unfed tokens."""
+        client = self.lm.client
+        if proposed:  # the greedy token at each proposed position, then the one after
+            picks = client.verify(self.seq, self.unfed + proposed)[len(self.unfed):]
+        else:
+            picks = list(_first(client.stream(self.seq + self.unfed, 1)))
+        self.rec.forward()
+        accepted = 0
+        while accepted < len(proposed) and proposed[accepted] == picks[accepted]:
+            accepted += 1
+        self.seq += self.unfed + proposed[:accepted]
+        return accepted, picks[accepted]
+
+
+def _reason_and_fork(s: RemoteState, markers) -> Iterator[Event]:
+    """Phase A: the main reasoning and the drafts, each a streamed request, as their tokens arrive."""
+    cfg, rec, rm = s.cfg, s.rec, s.lm
+    eos = rm.eos_ids
+    yield rec.phase("reasoning")
+    arrivals: queue.Queue = queue.Queue()  # (source, token | None at the end | BackendError)
+    stop = threading.Event()
+    pumps = [_pump(rm, s.seq, cfg.max_think, eos | {markers.close_id}, "main", arrivals, stop)]
+    rec.forward()
+    live: dict[int, Draft] = {}
+    n, forced = 0, []
+    try:
+        while True:
+            while len(s.drafts) < cfg.num_drafts and n == _fork_at(cfg, len(s.drafts)):
+                d = Draft(len(s.drafts), n, [], tokens=list(markers.close_ids[1:]), probs=[None] * len(markers.close_ids[1:]))
+                s.drafts.append(d)
+                rec.stats.drafts += 1
+                yield rec.phase("drafting", draft=d.index, at_token=n)
+                s.index.extend(d.name, d.tokens)
+                for t in d.tokens:
+                    yield rec.token("draft", t, draft=d.index)
+                if len(d.tokens) < cfg.max_draft:
+                    live[d.index] = d
+                    pumps.append(_pump(rm, s.seq + list(markers.close_ids), cfg.max_draft - len(d.tokens), eos, d.index,
+                                       arrivals, stop))
+                    rec.forward()
+                else:
+                    d.finished = True
+            source, item = arrivals.get(timeout=rm.client.http.timeout.read or None)
+            if isinstance(item, BackendError):
+                raise item
+            if source != "main":
+                yield from _draft_takes(s, live, source, item)
+                continue
+            if item is None:  # the budget: the end-of-thinking marker and the tail are appended
+                yield rec.token("reasoning", markers.close_id)
+                forced = list(markers.close_ids[1:])
+                break
+            if item in eos:  # the model ended without closing its thoughts: no answer
+                s.ended = True
+                return
+            yield rec.token("reasoning", item)
+            s.index.extend("reasoning", [item])
+            if item == markers.close_id:
+                break
+            s.seq.append(item)
+            n += 1
+    finally:
+        stop.set()  # drafts still streaming keep what they have; their requests are aborted
+    s.unfed = [markers.close_id, *forced]
+    s.answer = list(forced)
+    s.index.extend("answer", forced)
+    yield rec.phase("answer")
+    for t in forced:
+        yield rec.token("answer", t)
+
+
+def _draft_takes(s: RemoteState, live: dict[int, Draft], index: int, tok: int | None) -> Iterator[Event]:
+    d = live.get(index)
+    if d is None:
+        return
+    if tok is None or tok in s.lm.eos_ids:
+        d.finished, d.end = True, tok
+        del live[index]
+        return
+    d.tokens.append(tok)
+    d.probs.append(None)
+    s.index.extend(d.name, [tok])
+    yield s.rec.token("draft", tok, draft=d.index)
+    if len(d.tokens) >= s.cfg.max_draft:
+        d.finished = True
+        del live[index]
+
+
+def _pump(rm: RemoteModel, prompt: list[int], max_tokens: int, stop_ids: frozenset[int], source, arrivals: queue.Queue,
+          stop: threading.Event) -> threading.Thread:
+    """Stream a request on a thread into ``arrivals``; ``stop`` aborts it."""
+    def run() -> None:
+        tokens = rm.client.stream(list(prompt), max_tokens, stop_ids)
+        try:
+            for tok in tokens:
+                if stop.is_set():
+                    return
+                arrivals.put((source, tok))
+            arrivals.put((source, None))
+        except BackendError as err:
+            arrivals.put((source, err))
+        finally:
+            tokens.close()
+
+    thread = threading.Thread(target=run, daemon=True, name=f"vllm-{source}")
+    thread.start()
+    return thread
+
+
+def _stream(rm: RemoteModel, rec: Recorder, seq: list[int], max_tokens: int, stop: frozenset[int],
+            cfg: RunConfig) -> Iterator[int]:
+    rec.forward()
+    return rm.client.stream(seq, max_tokens, stop, cfg.temperature, cfg.top_p, cfg.seed)
+
+
+def _first(tokens: Iterator[int]) -> Iterator[int]:
+    try:
+        yield next(tokens)
+    finally:
+        tokens.close()
+
+
+def _recorder(rm: RemoteModel, method: str, prompt_ids: list[int]) -> Recorder:
+    rec = Recorder(rm.tokenizer, method, len(prompt_ids))
+    rec.stats.step_mode = rm.backend
+    return rec
+
+
+def _check(cfg: RunConfig) -> None:
+    if cfg.exact:
+        raise ValueError("exact mode runs in process only: a vLLM server has its own kernels")

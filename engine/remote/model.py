@@ -1,0 +1,51 @@
+"""A model served by vLLM, seen from here: its tokenizer (loaded locally, for templates and text)
+and a client for the server. It offers what the decode loops read of a model (``prompt_ids``,
+``markers``, ``eos_ids``, ``tokenizer``, ``model_id``) but no forward: the remote loops
+(``engine.remote.decode``) stream and verify through the client."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.model import ModelLoadError, SSRUnsupportedError, ThinkMarkers, chat_prompt_ids, find_markers, resolve_model_path
+from engine.remote.client import VllmClient
+
+
+class RemoteModel:
+    device = torch.device("cpu")  # where the loops' small tensors live (the weights are on the server)
+
+    def __init__(self, client: VllmClient, tokenizer, model_id: str, markers: ThinkMarkers | None,
+                 eos_ids: frozenset[int] | None = None) -> None:
+        self.client, self.tokenizer, self.model_id, self.markers = client, tokenizer, model_id, markers
+        eos = tokenizer.eos_token_id
+        self.eos_ids = eos_ids if eos_ids is not None else frozenset({int(eos)} if eos is not None else set())
+
+    @property
+    def backend(self) -> str:
+        return f"vllm {self.client.base_url}"
+
+    def prompt_ids(self, user_text: str) -> list[int]:
+        return chat_prompt_ids(self.tokenizer, self.markers, user_text)
+
+    def require_markers(self) -> ThinkMarkers:
+        if self.markers is None:
+            raise SSRUnsupportedError(f"{self.model_id} has no end-of-thinking marker token: SSR needs one "
+                                      "(plain decoding still works)")
+        return self.markers
+
+
+def connect(name: str, base_url: str, api_key: str | None = None, served_name: str | None = None,
+            timeout: float = 120.0, transport=None) -> RemoteModel:
+    """A model on a vLLM server at ``base_url``; ``name`` (a bundled name, preset, local folder or
+    Hub id) gives the tokenizer, ``served_name`` the server's name for it (default: what the server
+    serves, if one model). Checks the server before anything runs."""
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    path, preset = resolve_model_path(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"could not load the tokenizer of {path!r}: {str(err).splitlines()[0]}") from None
+    client = VllmClient(base_url, served_name, api_key, timeout, transport)
+    client.check()
+    return RemoteModel(client, tokenizer, name, find_markers(tokenizer, preset))

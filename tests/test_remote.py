@@ -1,0 +1,124 @@
+"""SSR and plain decoding against a vLLM server, here a fake one (``tests/fake_vllm.py``) that
+answers with vLLM's exact JSON shapes from a local model: greedy results equal the in-process
+engine's on the same weights, and every server fault is a clear error."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from engine.baseline import decode_baseline
+from engine.config import RunConfig
+from engine.remote.client import BackendError, VllmClient
+from engine.remote.decode import decode_remote_baseline, decode_remote_ssr
+from engine.remote.model import RemoteModel, connect
+from tests.fake_vllm import FakeVllm
+from tests.tiny import make_model
+
+PROMPTS = ["hello world", "class Garden: rose", "Start with 7. 7 plus 5"]
+
+
+def final(events):
+    return list(events)[-1]
+
+
+def remote(lm, fail=None, timeout=30.0):
+    server = FakeVllm(lm, fail=fail)
+    client = VllmClient("http://vllm.test/v1", "tiny", timeout=timeout, transport=server.transport)
+    return RemoteModel(client, lm.tokenizer, lm.model_id, lm.markers, lm.eos_ids), server
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return make_model("qwen3", seed=2, style="open", init_scale=3.0)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("budgets", [dict(max_think=40, max_answer=30), dict(max_think=6, max_answer=12)])
+def test_remote_baseline_equals_in_process(lm, prompt, budgets):
+    cfg = RunConfig(**budgets)
+    here = final(decode_baseline(lm, prompt, cfg))
+    rm, server = remote(lm)
+    there = final(decode_remote_baseline(rm, prompt, cfg))
+    assert (there.reasoning_ids, there.answer_ids) == (here.reasoning_ids, here.answer_ids)
+    assert there.stats.step_mode == "vllm http://vllm.test" and all(r["return_token_ids"] for r in server.requests)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("settings", [dict(draft_start=0), dict(draft_start=5), dict(draft_start=2, max_draft=1),
+                                      dict(draft_start=1, num_drafts=3, draft_interval=4),
+                                      dict(draft_start=3, suffix_recovery=False, context_lookup=False)])
+def test_remote_ssr_equals_plain_decoding(lm, prompt, settings):
+    cfg = RunConfig(**{"max_think": 24, "max_answer": 30, "max_draft": 16, **settings})
+    here = final(decode_baseline(lm, prompt, cfg))
+    rm, server = remote(lm)
+    events = list(decode_remote_ssr(rm, prompt, cfg))
+    there = events[-1]
+    assert (there.reasoning_ids, there.answer_ids) == (here.reasoning_ids, here.answer_ids)
+    forks = [e for e in events if getattr(e, "phase", None) == "drafting"]
+    assert len(forks) == there.stats.drafts
+    if len(here.reasoning_ids) > cfg.draft_start + 1:  # the reasoning reached the fork point
+        assert forks and there.drafts[0][: len(lm.markers.close_ids) - 1] == list(lm.markers.close_ids[1:])
+    verifies = [r for r in server.requests if r.get("prompt_logprobs") is not None]
+    if there.stats.accepted + there.stats.recovered:
+        assert verifies  # something was proposed and verified in one request
+
+
+def test_the_client_reads_vllms_shapes(lm):
+    rm, _ = remote(lm)
+    ids = lm.prompt_ids("hello world")
+    streamed = list(rm.client.stream(ids, 8))
+    picks = rm.client.verify(ids, streamed[:5])
+    assert picks == streamed[:6]  # greedy: each candidate is the server's own pick, then the next
+    assert rm.client.check() == "tiny"
+
+
+@pytest.mark.parametrize("fail, decode, message", [
+    ("down", decode_remote_baseline, "cannot reach http://vllm.test: is the vLLM server running?"),
+    ("http500", decode_remote_baseline, "answered HTTP 500: engine dead"),
+    ("cut", decode_remote_baseline, "cut the stream before it finished"),
+    ("no-prompt-logprobs", decode_remote_ssr, "returned no prompt_logprobs"),
+])
+def test_server_faults_are_clear_errors(lm, fail, decode, message):
+    rm, _ = remote(lm, fail=fail)
+    with pytest.raises(BackendError, match=message.replace("?", r"\?")):
+        list(decode(rm, "class Garden: rose", RunConfig(max_think=24, max_answer=30, draft_start=2)))
+
+
+def test_a_slow_server_times_out(lm):
+    server = FakeVllm(lm)
+
+    def slow(request):  # what httpx raises when the server answers nothing within the timeout
+        if request.url.path == "/v1/completions":
+            raise httpx.ReadTimeout("timed out", request=request)
+        return server.handle(request)
+
+    client = VllmClient("http://vllm.test", "tiny", timeout=0.5, transport=httpx.MockTransport(slow))
+    rm = RemoteModel(client, lm.tokenizer, lm.model_id, lm.markers, lm.eos_ids)
+    with pytest.raises(BackendError, match="http://vllm.test timed out \\(ReadTimeout\\)"):
+        list(decode_remote_baseline(rm, "hi", RunConfig(max_think=4, max_answer=4)))
+
+
+def test_wrong_model_name_and_unsupported_settings(lm):
+    server = FakeVllm(lm)
+    with pytest.raises(BackendError, match="does not serve 'big' \\(it serves tiny\\)"):
+        VllmClient("http://vllm.test", "big", transport=server.transport).check()
+    rm, _ = remote(lm)
+    for cfg, why in ((RunConfig(temperature=0.7, draft_start=2, max_think=8), "greedy only"),
+                     (RunConfig(think_spec=4, draft_start=2, max_think=8), "think_spec"),
+                     (RunConfig(exact=True, draft_start=2, max_think=8), "exact mode runs in process only")):
+        with pytest.raises(ValueError, match=why):
+            list(decode_remote_ssr(rm, "hi", cfg))
+
+
+def test_connect_loads_the_tokenizer_and_checks_the_server():
+    from engine.model import load_model  # noqa: PLC0415
+
+    lm = load_model("tiny-reasoner", device="cpu")
+    server = FakeVllm(lm, name="tiny-reasoner")
+    rm = connect("tiny-reasoner", "http://vllm.test", transport=server.transport)
+    assert rm.client.model == "tiny-reasoner" and rm.markers == lm.markers
+    cfg = RunConfig(max_think=60, max_answer=40, draft_start=10)
+    here = final(decode_baseline(lm, "Write a Python class Island. Fields: amber.", cfg))
+    there = final(decode_remote_ssr(rm, "Write a Python class Island. Fields: amber.", cfg))
+    assert (there.reasoning_ids, there.answer_ids) == (here.reasoning_ids, here.answer_ids)
