@@ -29,6 +29,8 @@ from engine.prm import make_scorer
 from engine.rsd import RSD_METHODS, check_pair
 from engine.model import ModelLoadError, SSRUnsupportedError, load_model, random_weights_model
 from engine.presets import recommended_settings
+from engine.remote.client import BackendError
+from engine.remote.model import connect
 from engine.runtime.compiled import COMPILE_MODES
 from engine.runlog import RunLog, RunMeta
 from engine.synthetic import check
@@ -71,7 +73,7 @@ def run_one(models: dict, method: str, prompt: dict, cfg: RunConfig, repeat: int
     meta = RunMeta(method, lm.model_id, prompt["prompt"], cfg.to_dict(), prompt_id=prompt["id"],
                    draft_model=models["draft"].model_id if rsd and method != "target" else None,
                    prm=models["prm_name"] if method == "rsd" else None,
-                   reference=prompt.get("reference"), origin="bench", device=str(lm.device))
+                   reference=prompt.get("reference"), origin="bench", device=getattr(lm, "backend", str(lm.device)))
     stream = decode(prompt["prompt"], cfg)
     events = list(log.record(stream, meta) if log else stream)
     done: DoneEvent = events[-1]
@@ -173,6 +175,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--trust-remote-code", action="store_true", help="allow a PRM's own modelling code to run")
     for name, kind in CONFIG_FLAGS.items():
         ap.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
+    ap.add_argument("--base-url", default=None, help="run on a vLLM server at this URL (e.g. http://host:8000): "
+                    "baseline and ssr; --model still names the model, for its tokenizer")
+    ap.add_argument("--served-model", default=None, help="the server's name for the model (default: what it serves)")
+    ap.add_argument("--api-key", default=None, help="the server's API key, if it asks for one")
     ap.add_argument("--compile", choices=COMPILE_MODES, default=None,
                     help="compiled fixed-shape steps: auto (default: CUDA only), on, off; compile time is reported apart")
     ap.add_argument("--exact", action="store_true", default=None,
@@ -198,8 +204,14 @@ def main(argv: list[str] | None = None) -> int:
         log = RunLog(args.db) if args.db else None
         if args.random_weights and set(methods) & {"rsd", "target", "draft"}:
             raise ValueError("--random-weights measures single-model methods; RSD needs trained models")
-        lm = random_weights_model(args.model, args.device) if args.random_weights else load_model(args.model,
-                                                                                                  device=args.device)
+        if args.base_url:
+            lm = connect(args.model, args.base_url, args.api_key, args.served_model)
+            for m in methods:
+                decoder(m, lm)  # a method that does not run on a server says so now
+        elif args.random_weights:
+            lm = random_weights_model(args.model, args.device)
+        else:
+            lm = load_model(args.model, device=args.device)
         models = {"target": lm, "prm_name": args.prm}
         if "ssr" in methods:
             lm.require_markers()
@@ -209,13 +221,13 @@ def main(argv: list[str] | None = None) -> int:
             check_pair(lm, models["draft"])
         if "rsd" in methods:
             models["scorer"] = make_scorer(args.prm, args.device, args.trust_remote_code)
-    except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
+    except (ValueError, ModelLoadError, SSRUnsupportedError, BackendError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for _ in range(args.warmup):
         for m in methods:
             list(decoder(m, lm, models.get("draft"), models.get("scorer"))(prompts[0]["prompt"], cfg))
-    compiled = [m for m in (lm, models.get("draft")) if m is not None and m.compiled is not None]
+    compiled = [m for m in (lm, models.get("draft")) if getattr(m, "compiled", None) is not None]
     if compiled:  # the warm-up compiled them; no run's latency holds compile time (see RunStats.compile_s)
         print(f"compiled {sum(len(m.compiled.shapes) for m in compiled)} step shapes in "
               f"{sum(m.compile_seconds for m in compiled):.1f} s (before any timed run)", flush=True)
@@ -228,12 +240,12 @@ def main(argv: list[str] | None = None) -> int:
                 r = batch[-1]
                 print(f"  {prompt['id']:>14} r{rep} {m:>8}: {r['latency_s']:.3f}s  acc {r['accepted']} "
                       f"rec {r['recovered']}" + (f"  correct={r['correct']}" if "correct" in r else ""), flush=True)
-            if cfg.greedy:
+            if cfg.greedy and not args.base_url:  # agreement reads logits in process
                 add_agreement(lm, prompt["prompt"], batch)
             runs += batch
     summary = summarize(runs, cfg.greedy)
     Path(args.out).write_text(json.dumps({"model": args.model, "config": cfg.to_dict(), "step_mode": next((r["step_mode"] for r in runs if r["step_mode"]), None),
-                                          "compile_s": lm.compile_seconds, "runs": runs, "summary": summary}, indent=1))
+                                          "compile_s": getattr(lm, "compile_seconds", 0.0), "runs": runs, "summary": summary}, indent=1))
     print(format_table(summary))
     for r in runs:
         if r.get("agreement", "identical") != "identical":

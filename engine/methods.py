@@ -2,7 +2,8 @@
 
 ``decoder(name, target, draft, scorer)`` returns a callable ``(prompt, cfg) -> events``.
 SSR-family methods use the target alone; the RSD family (``rsd``, ``target``, ``draft``) also
-takes the draft model and the PRM scorer.
+takes the draft model and the PRM scorer. A target on a vLLM server (``engine.remote``) runs the
+methods built for a server: ``baseline`` and ``ssr``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from engine.config import RunConfig
 from engine.events import Event
 from engine.model import LoadedModel
 from engine.peers import decode_hf
+from engine.remote.decode import decode_remote_baseline, decode_remote_ssr
+from engine.remote.model import RemoteModel
 from engine.rsd import RSD_METHODS, decode_rsd
 from engine.ssr import decode_ssr
 
@@ -28,6 +31,7 @@ SINGLE_MODEL = {
     "hf-static": partial(decode_hf, static=True),
 }
 METHODS = (*SINGLE_MODEL, *RSD_METHODS)
+ON_A_SERVER = {"baseline": decode_remote_baseline, "ssr": decode_remote_ssr}
 
 
 def check_method(name: str) -> str:
@@ -36,8 +40,12 @@ def check_method(name: str) -> str:
     return name
 
 
-def decoder(name: str, target: LoadedModel, draft: LoadedModel | None = None, scorer=None) -> Decoder:
+def decoder(name: str, target: LoadedModel | RemoteModel, draft: LoadedModel | None = None, scorer=None) -> Decoder:
     check_method(name)
+    if isinstance(target, RemoteModel):
+        if name not in ON_A_SERVER:
+            raise ValueError(f"method {name!r} runs in process only; on a vLLM server: {', '.join(ON_A_SERVER)}")
+        return partial(ON_A_SERVER[name], target)
     if name in SINGLE_MODEL:
         return partial(SINGLE_MODEL[name], target)
     return lambda prompt, cfg: decode_rsd(target, draft, scorer, prompt, cfg, mode=name)
