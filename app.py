@@ -35,6 +35,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--db", default="runs.db", help="SQLite run log")
     ap.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     ap.add_argument("--load-timeout", type=float, default=LOAD_TIMEOUT_S, help="seconds before a model load is given up")
+    ap.add_argument("--base-url", default=None,
+                    help="run --model on a vLLM server at this URL (baseline, SSR, Compare; RSD stays in process)")
+    ap.add_argument("--served-model", default=None, help="the server's name for --model (default: what it serves)")
+    ap.add_argument("--api-key", default=None, help="the vLLM server's API key, if it asks for one")
     ap.add_argument("--compile", choices=COMPILE_MODES, default="auto",
                     help="compiled fixed-shape steps (torch.compile, CUDA graphs): auto = on CUDA only")
     ap.add_argument("--max-run-seconds", type=float, default=MAX_RUN_S, help="a run still going after this is stopped")
@@ -45,7 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         studio = Studio(args.model, args.db, args.device, args.draft_model, args.prm, args.load_timeout,
-                        args.max_run_seconds, args.compile)
+                        args.max_run_seconds, args.compile,
+                        {"base_url": args.base_url, "api_key": args.api_key, "served_name": args.served_model})
     except RunLogError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -30,6 +30,8 @@ from engine.methods import decoder
 from engine.model import LoadedModel, ModelLoadError, SSRUnsupportedError, load_model
 from engine.presets import provenance, recommended_settings
 from engine.prm import make_scorer
+from engine.remote.client import BackendError
+from engine.remote.model import RemoteModel, connect
 from engine.rsd import check_pair
 from engine.runlog import RunLog, RunLogError, RunMeta, prompt_hash
 from ssr_ui import charts
@@ -85,8 +87,10 @@ def _interval(view: TraceView) -> float:
 class Studio:
     def __init__(self, model: str | None = None, db: str = "runs.db", device: str | None = None,
                  draft_model: str = DEFAULT_DRAFT, prm: str = DEFAULT_PRM, load_timeout: float = LOAD_TIMEOUT_S,
-                 max_run_s: float = MAX_RUN_S, compile: str = "auto") -> None:
+                 max_run_s: float = MAX_RUN_S, compile: str = "auto", server: dict | None = None) -> None:
         self.default_model = model or "tiny-reasoner"
+        # the default model on a vLLM server: engine.remote.model.connect's arguments (app --base-url)
+        self.server = server if server and server.get("base_url") else None
         self.compile = RunConfig(compile=compile).compile  # the runs' compiled-steps default (app --compile)
         self.default_draft, self.default_prm = draft_model, prm
         self.device = device
@@ -121,10 +125,14 @@ class Studio:
                 cache[key] = out["value"]
             return cache[key]
 
-    def model(self, name: str) -> LoadedModel:
+    def model(self, name: str) -> LoadedModel | RemoteModel:
+        """A model by name, loaded once: the default one on the vLLM server when the app has one,
+        every other in process."""
         name = (name or self.default_model).strip()
 
         def load():
+            if self.server and name == self.default_model:
+                return connect(name, **self.server)
             lm = load_model(name, device=self.device)
             lm.warm_up()
             return lm
@@ -153,7 +161,7 @@ class Studio:
             return
         try:
             yield from self._run(prompt, method, model_name, draft_model, prm, job, settings)
-        except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
+        except (ValueError, ModelLoadError, SSRUnsupportedError, BackendError) as err:
             yield Frame.of(TraceView(phase="error"), error_html(str(err)))
         except Exception as err:  # the page never shows a bare "Error": say what broke, keep the app up
             log.exception("run failed")
@@ -171,6 +179,11 @@ class Studio:
         model_name = (model_name or self.default_model).strip()
         yield Frame.note(f"loading {model_name}…")
         lm = self.model(model_name)
+        if isinstance(lm, RemoteModel):
+            if method == "RSD":
+                raise ValueError(f"RSD runs in process only: {model_name} is on {lm.backend} (baseline and SSR run "
+                                 "there; pick another model for RSD)")
+            runs = [r for r in runs if r != "RSD"]  # Compare on a server: baseline and SSR
         rsd = {}
         if "RSD" in runs:
             draft_model, prm = (draft_model or self.default_draft).strip(), (prm or self.default_prm).strip()
@@ -212,7 +225,7 @@ class Studio:
         if method == "ssr":
             lm.require_markers()
         rsd = rsd or {}
-        meta = RunMeta(method, lm.model_id, prompt, cfg.to_dict(), device=str(lm.device),
+        meta = RunMeta(method, lm.model_id, prompt, cfg.to_dict(), device=getattr(lm, "backend", str(lm.device)),
                        draft_model=rsd.get("draft_name") if method == "rsd" else None,
                        prm=rsd.get("prm_name") if method == "rsd" else None)
         last = 0.0
@@ -269,7 +282,7 @@ class Studio:
         if view.done.stats.flops and flops:
             out["flops_ratio"] = view.done.stats.flops / statistics.median(flops)
         lm = self._models.get(model_id)
-        if cfg.greedy and lm is not None and getattr(view.done, "reasoning_ids", None) is not None:
+        if cfg.greedy and isinstance(lm, LoadedModel) and getattr(view.done, "reasoning_ids", None) is not None:
             base = [e.token_id for e in self.log.events(rows[0]["id"])
                     if e.kind == "token" and e.stream in ("reasoning", "answer")]
             out["agreement"] = agreement(lm, prompt, base, view.done.reasoning_ids + view.done.answer_ids)

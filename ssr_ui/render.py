@@ -217,7 +217,9 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         items.insert(2, ("numerics", "exact"))
     if view.phase == "compiling":
         items[1] = ("phase", "compiling steps for this device (once per model and shape)")
-    if view.stats and view.stats.step_mode:
+    if view.stats and view.stats.step_mode.startswith("vllm "):
+        items.append(("backend", html.escape(view.stats.step_mode)))
+    elif view.stats and view.stats.step_mode:
         compiled = view.stats.step_mode == "compiled"
         steps = "compiled" + (f" (compiling took {view.stats.compile_s:.1f} s before the run)" if view.stats.compile_s
                               else "") if compiled else "eager"

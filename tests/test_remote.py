@@ -122,3 +122,23 @@ def test_connect_loads_the_tokenizer_and_checks_the_server():
     here = final(decode_baseline(lm, "Write a Python class Island. Fields: amber.", cfg))
     there = final(decode_remote_ssr(rm, "Write a Python class Island. Fields: amber.", cfg))
     assert (there.reasoning_ids, there.answer_ids) == (here.reasoning_ids, here.answer_ids)
+
+
+def test_the_studio_runs_the_default_model_on_the_server(tmp_path):
+    from engine.model import load_model  # noqa: PLC0415
+    from ssr_ui.handlers import Studio  # noqa: PLC0415
+
+    server = FakeVllm(load_model("tiny-reasoner", device="cpu"), name="tiny-reasoner")
+    studio = Studio("tiny-reasoner", str(tmp_path / "runs.db"),
+                    server={"base_url": "http://vllm.test", "transport": server.transport})
+    prompt = "Write a Python class Island. Fields: amber."
+    frames = list(studio.run(prompt, "Compare", max_think=60, max_answer=40, draft_start=10))
+    assert set(frames[-1].runs) == {"Baseline", "SSR"}  # RSD stays in process: Compare on a server skips it
+    assert "backend" in frames[-1].metrics and "vllm http://vllm.test" in frames[-1].metrics
+    rows = studio.log.runs(limit=10)
+    assert {(r["method"], r["device"], r["status"]) for r in rows} == {("baseline", "vllm http://vllm.test", "ok"),
+                                                                        ("ssr", "vllm http://vllm.test", "ok")}
+    error = list(studio.run(prompt, "RSD"))[-1]
+    assert "RSD runs in process only" in error.metrics and len(studio.log.runs(limit=10)) == 2
+    server.fail = "http500"
+    assert "answered HTTP 500: engine dead" in list(studio.run(prompt, "SSR", max_think=60, draft_start=10))[-1].metrics

@@ -13,6 +13,7 @@ from engine.remote.client import VllmClient
 
 class RemoteModel:
     device = torch.device("cpu")  # where the loops' small tensors live (the weights are on the server)
+    dtype = "as served"  # the server's precision (its --dtype)
 
     def __init__(self, client: VllmClient, tokenizer, model_id: str, markers: ThinkMarkers | None,
                  eos_ids: frozenset[int] | None = None) -> None:
