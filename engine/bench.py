@@ -175,9 +175,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--trust-remote-code", action="store_true", help="allow a PRM's own modelling code to run")
     for name, kind in CONFIG_FLAGS.items():
         ap.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
-    ap.add_argument("--base-url", default=None, help="run on a vLLM server at this URL (e.g. http://host:8000): "
-                    "baseline and ssr; --model still names the model, for its tokenizer")
+    ap.add_argument("--base-url", default=None, help="run --model on a vLLM server at this URL (e.g. "
+                    "http://host:8000): baseline, ssr and RSD's target; --model still names it, for its tokenizer")
     ap.add_argument("--served-model", default=None, help="the server's name for the model (default: what it serves)")
+    ap.add_argument("--draft-base-url", default=None, help="RSD's draft model on a vLLM server at this URL")
+    ap.add_argument("--draft-served-model", default=None, help="that server's name for the draft model")
     ap.add_argument("--api-key", default=None, help="the server's API key, if it asks for one")
     ap.add_argument("--compile", choices=COMPILE_MODES, default=None,
                     help="compiled fixed-shape steps: auto (default: CUDA only), on, off; compile time is reported apart")
@@ -217,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
             lm.require_markers()
             cfg.check_ssr()
         if {"rsd", "draft"} & set(methods):
-            models["draft"] = load_model(args.draft_model, device=args.device)
+            models["draft"] = connect(args.draft_model, args.draft_base_url, args.api_key, args.draft_served_model) \
+                if args.draft_base_url else load_model(args.draft_model, device=args.device)
             check_pair(lm, models["draft"])
         if "rsd" in methods:
             models["scorer"] = make_scorer(args.prm, args.device, args.trust_remote_code)

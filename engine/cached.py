@@ -79,6 +79,16 @@ class CachedModel:
             self._mark = checkpoint(self.cache, self.length)
         return logits
 
+    def token_probs(self, seq: list[int], tokens: list[int]) -> list[float]:
+        """The model's probability of each of ``tokens`` after ``seq`` (and the ones before it);
+        the cache is left holding ``seq``."""
+        logits = self.sync(seq)
+        rest = self.feed(tokens, all_logits=True)  # [k, V]
+        preds = torch.cat([logits[None], rest[:-1]]).float()  # [k, V]: predictions of each token
+        probs = torch.softmax(preds, dim=-1)[torch.arange(len(tokens)), tokens]
+        self.rollback(len(seq))
+        return probs.tolist()
+
     def rollback(self, length: int) -> None:
         """Forget everything after the first ``length`` tokens."""
         if length >= self.length:

@@ -2,8 +2,9 @@
 
 ``decoder(name, target, draft, scorer)`` returns a callable ``(prompt, cfg) -> events``.
 SSR-family methods use the target alone; the RSD family (``rsd``, ``target``, ``draft``) also
-takes the draft model and the PRM scorer. A target on a vLLM server (``engine.remote``) runs the
-methods built for a server: ``baseline`` and ``ssr``.
+takes the draft model and the PRM scorer. A target on a vLLM server (``engine.remote``) runs
+``baseline`` and ``ssr`` built for a server, and the RSD family (whose target and draft may each be
+on a server or in process).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ SINGLE_MODEL = {
     "hf-static": partial(decode_hf, static=True),
 }
 METHODS = (*SINGLE_MODEL, *RSD_METHODS)
-ON_A_SERVER = {"baseline": decode_remote_baseline, "ssr": decode_remote_ssr}
+ON_A_SERVER = {"baseline": decode_remote_baseline, "ssr": decode_remote_ssr}  # and the RSD family (its writers)
 
 
 def check_method(name: str) -> str:
@@ -42,9 +43,9 @@ def check_method(name: str) -> str:
 
 def decoder(name: str, target: LoadedModel | RemoteModel, draft: LoadedModel | None = None, scorer=None) -> Decoder:
     check_method(name)
-    if isinstance(target, RemoteModel):
-        if name not in ON_A_SERVER:
-            raise ValueError(f"method {name!r} runs in process only; on a vLLM server: {', '.join(ON_A_SERVER)}")
+    if isinstance(target, RemoteModel) and name not in (*ON_A_SERVER, *RSD_METHODS):
+        raise ValueError(f"method {name!r} runs in process only; on a vLLM server: {', '.join((*ON_A_SERVER, *RSD_METHODS))}")
+    if isinstance(target, RemoteModel) and name in ON_A_SERVER:
         return partial(ON_A_SERVER[name], target)
     if name in SINGLE_MODEL:
         return partial(SINGLE_MODEL[name], target)

@@ -90,19 +90,15 @@ class TargetLikelihoodScorer:
 
     name = "target-likelihood"
 
-    def __init__(self, target: CachedModel) -> None:
-        self.target = target
+    def __init__(self, target) -> None:
+        self.target = target  # anything with token_probs: a CachedModel, RSD's writers (in process or on a server)
 
     def start(self, question: str) -> None:
         pass
 
     def score(self, candidate: str, seq: list[int], step_tokens: list[int]) -> float:
-        logits = self.target.sync(seq)
-        rest = self.target.feed(step_tokens, all_logits=True)  # [k, V]
-        preds = torch.cat([logits[None], rest[:-1]]).float()  # [k, V]: predictions of each step token
-        probs = torch.softmax(preds, dim=-1)[torch.arange(len(step_tokens)), step_tokens]
-        self.target.rollback(len(seq))
-        return float(probs.mean())
+        probs = self.target.token_probs(seq, step_tokens)
+        return sum(probs) / len(probs)
 
     def commit(self, step: str) -> None:
         pass

@@ -58,10 +58,9 @@ def decode_rsd(target: LoadedModel, draft: LoadedModel | None, scorer, prompt: s
         lm.check_fits(len(prompt_ids), cfg.max_tokens)
         lm.begin_run(cfg.exact, cfg.compile)
         yield from rec.compile_steps(lm, capacity)  # before the clock starts (the target's step mode is reported)
-    T = CachedModel(target, capacity, role="target")
-    D = CachedModel(draft, capacity, role="draft") if mode != "target" else None
-    writers = {"target": (T, Chooser(cfg.temperature, cfg.top_p, cfg.seed)),
-               "draft": (D, Chooser(cfg.temperature, cfg.top_p, cfg.seed))}
+    T = _writer(target, cfg, capacity, "target")
+    D = _writer(draft, cfg, capacity, "draft") if mode != "target" else None
+    writers = {"target": T, "draft": D}
     coin = random.Random(cfg.seed)  # the soft rules' acceptance draws
     if mode == "rsd":
         if scorer is None:
@@ -80,7 +79,7 @@ def decode_rsd(target: LoadedModel, draft: LoadedModel | None, scorer, prompt: s
             break
         # 1. propose: the draft (or, in "target" mode, the target) writes one step
         source = "target" if mode == "target" else "draft"
-        step, ended, confidence = _write_step(*writers[source], seq, cfg.max_step_tokens, budget)
+        step, ended, confidence = writers[source].write_step(seq, cfg.max_step_tokens, budget)
         reward, kept = None, None
         # 2. score and decide (the paper's rule; with draft_confidence, the draft's doubt too)
         if mode == "rsd":
@@ -95,7 +94,7 @@ def decode_rsd(target: LoadedModel, draft: LoadedModel | None, scorer, prompt: s
                 yield StepEvent(index, text, "draft", reward, False, rec.now(), confidence)
                 D.rollback(len(seq))
                 source = "target"
-                step, ended, _ = _write_step(*writers["target"], seq, cfg.max_step_tokens, budget)
+                step, ended, _ = T.write_step(seq, cfg.max_step_tokens, budget)
         # 3. accept: the step joins the shared text; each model catches up when it next writes
         status = "accepted" if mode == "rsd" and source == "draft" else "generated"
         for tok in step:
@@ -116,8 +115,42 @@ def decode_rsd(target: LoadedModel, draft: LoadedModel | None, scorer, prompt: s
             break
     _account(rec, T, D, scorer if mode == "rsd" else None, rewards)
     yield rec.phase("done")
-    rec.stats.cache_mb = cache_mb(T.cache, *(D.cache,) if D else ())
+    rec.stats.cache_mb = cache_mb(T.cache, *(D.cache,) if D else ()) or None
     yield rec.done()
+
+
+class LocalWriter:
+    """An in-process model writing RSD's steps: its cache (:class:`CachedModel`) and its choices.
+    (On a vLLM server: ``engine.remote.steps.RemoteWriter``, the same methods.)"""
+
+    def __init__(self, lm: LoadedModel, cfg: RunConfig, capacity: int, role: str) -> None:
+        self.model = CachedModel(lm, capacity, role=role)
+        self.chooser = Chooser(cfg.temperature, cfg.top_p, cfg.seed)
+
+    @property
+    def cache(self):
+        return self.model.cache
+
+    def write_step(self, seq: list[int], max_step_tokens: int, budget: int) -> tuple[list[int], bool, float]:
+        return _write_step(self.model, self.chooser, seq, max_step_tokens, budget)
+
+    def rollback(self, length: int) -> None:
+        self.model.rollback(length)
+
+    def token_probs(self, seq: list[int], tokens: list[int]) -> list[float]:
+        return self.model.token_probs(seq, tokens)
+
+    def usage(self) -> tuple[int, float, float, int]:
+        """(tokens processed, FLOPs, seconds, forwards)."""
+        m = self.model
+        return m.prefill_tokens + m.decode_tokens, m.flops, m.seconds, m.calls
+
+
+def _writer(lm, cfg: RunConfig, capacity: int, role: str):
+    from engine.remote.model import RemoteModel  # noqa: PLC0415 (engine.remote imports this module)
+    from engine.remote.steps import RemoteWriter  # noqa: PLC0415
+
+    return RemoteWriter(lm, cfg) if isinstance(lm, RemoteModel) else LocalWriter(lm, cfg, capacity, role)
 
 
 def _write_step(model: CachedModel, chooser: Chooser, seq: list[int], max_step_tokens: int,
@@ -148,15 +181,19 @@ def _accept(cfg: RunConfig, reward: float, coin: random.Random) -> bool:
     return accept(cfg.weighting, reward, coin.random(), cfg.threshold, cfg.weight_param)
 
 
-def _account(rec: Recorder, T: CachedModel, D: CachedModel | None, scorer, rewards) -> None:
+def _account(rec: Recorder, T, D, scorer, rewards) -> None:
+    """Tokens, FLOPs, seconds and forwards per model (a model on a server: tokens it returned and
+    seconds waited, no FLOPs: its size is not known here)."""
     s = rec.stats
-    s.target_tokens, s.target_flops, s.target_s = T.prefill_tokens + T.decode_tokens, T.flops, T.seconds
+    s.target_tokens, s.target_flops, s.target_s, calls = T.usage()
     if D is not None:
-        s.draft_model_tokens, s.draft_flops, s.draft_s = D.prefill_tokens + D.decode_tokens, D.flops, D.seconds
+        s.draft_model_tokens, s.draft_flops, s.draft_s, draft_calls = D.usage()
+        calls += draft_calls
     prm = getattr(scorer, "model", None)
     if isinstance(prm, CachedModel):
         s.prm_tokens, s.prm_flops, s.prm_s = prm.prefill_tokens + prm.decode_tokens, prm.flops, prm.seconds
+        calls += prm.calls
     s.flops = s.target_flops + s.draft_flops + s.prm_flops
-    s.forward_calls = T.calls + (D.calls if D is not None else 0) + (prm.calls if isinstance(prm, CachedModel) else 0)
+    s.forward_calls = calls
     s.mean_reward_accepted = sum(rewards[True]) / len(rewards[True]) if rewards[True] else None
     s.mean_reward_rejected = sum(rewards[False]) / len(rewards[False]) if rewards[False] else None

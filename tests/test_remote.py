@@ -133,12 +133,59 @@ def test_the_studio_runs_the_default_model_on_the_server(tmp_path):
                     server={"base_url": "http://vllm.test", "transport": server.transport})
     prompt = "Write a Python class Island. Fields: amber."
     frames = list(studio.run(prompt, "Compare", max_think=60, max_answer=40, draft_start=10))
-    assert set(frames[-1].runs) == {"Baseline", "SSR"}  # RSD stays in process: Compare on a server skips it
+    assert set(frames[-1].runs) == {"Baseline", "SSR", "RSD"}  # RSD: the target on the server, draft and PRM here
     assert "backend" in frames[-1].metrics and "vllm http://vllm.test" in frames[-1].metrics
     rows = studio.log.runs(limit=10)
-    assert {(r["method"], r["device"], r["status"]) for r in rows} == {("baseline", "vllm http://vllm.test", "ok"),
-                                                                        ("ssr", "vllm http://vllm.test", "ok")}
-    error = list(studio.run(prompt, "RSD"))[-1]
-    assert "RSD runs in process only" in error.metrics and len(studio.log.runs(limit=10)) == 2
+    assert {(r["method"], r["device"], r["status"]) for r in rows} == {
+        ("baseline", "vllm http://vllm.test", "ok"), ("ssr", "vllm http://vllm.test", "ok"),
+        ("rsd", "vllm http://vllm.test", "ok")}
     server.fail = "http500"
     assert "answered HTTP 500: engine dead" in list(studio.run(prompt, "SSR", max_think=60, draft_start=10))[-1].metrics
+
+
+@pytest.mark.parametrize("where", ["target", "both"])
+@pytest.mark.parametrize("scorer", ["prm", "target-likelihood"])
+def test_rsd_with_its_models_on_servers_equals_in_process(where, scorer):
+    """RSD whose target (and draft) are on servers: the same steps, verdicts and tokens as in
+    process (the PRM in process, or the target-likelihood reward from the target's server)."""
+    from engine.prm import MathShepherdScorer  # noqa: PLC0415
+    from engine.rsd import decode_rsd  # noqa: PLC0415
+
+    target, draft = make_model("llama", seed=1, init_scale=2.0), make_model("qwen2", seed=2, init_scale=2.0)
+    prm = MathShepherdScorer(make_model("llama", seed=3)) if scorer == "prm" else scorer
+    cfg = RunConfig(max_think=40, max_answer=20, max_step_tokens=12, threshold=0.5, draft_confidence=0.2)
+    here = final(decode_rsd(target, draft, prm, "Start with 7", cfg))
+    t_remote, _ = remote(target)
+    d_remote = remote(draft)[0] if where == "both" else draft
+    there = final(decode_rsd(t_remote, d_remote, prm, "Start with 7", cfg))
+    assert (there.reasoning_ids, there.answer_ids) == (here.reasoning_ids, here.answer_ids)
+    assert (there.stats.steps_accepted, there.stats.steps_rejected) == (here.stats.steps_accepted,
+                                                                        here.stats.steps_rejected)
+    assert there.stats.steps_accepted + there.stats.steps_rejected > 1 and there.stats.step_mode.startswith("vllm ")
+
+
+def test_the_bench_on_a_server_prints_the_usual_table(tmp_path, monkeypatch, capsys):
+    import json  # noqa: PLC0415
+
+    from engine import bench  # noqa: PLC0415
+    from engine.model import load_model  # noqa: PLC0415
+    from engine.remote import model as remote_model  # noqa: PLC0415
+
+    server = FakeVllm(load_model("tiny-reasoner", device="cpu"), name="tiny-reasoner")
+    monkeypatch.setattr(bench, "connect", lambda *a: remote_model.connect(*a, transport=server.transport))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "prompt": "Start with 7, then add 5.", "reference": "12",
+                                   "suite": "arithmetic"}) + "\n")
+    out = tmp_path / "o.json"
+    code = bench.main(["--model", "tiny-reasoner", "--base-url", "http://vllm.test", "--methods", "baseline,ssr,rsd,target",
+                       "--prm", "target-likelihood", "--prompts", str(prompts), "--out", str(out), "--max-think", "80",
+                       "--max-answer", "30", "--draft-start", "10", "--db", str(tmp_path / "runs.db")])
+    result = json.loads(out.read_text())
+    assert code == 0 and {r["method"] for r in result["summary"]} == {"baseline", "ssr", "rsd", "target"}
+    from engine.runlog import RunLog  # noqa: PLC0415
+
+    assert {r["device"] for r in RunLog(tmp_path / "runs.db").runs(limit=10)} == {"vllm http://vllm.test"}
+    assert "steps kept" in capsys.readouterr().out
+    code = bench.main(["--model", "tiny-reasoner", "--base-url", "http://vllm.test", "--methods", "hf",
+                       "--prompts", str(prompts), "--out", str(out)])
+    assert code == 2 and "method 'hf' runs in process only" in capsys.readouterr().err

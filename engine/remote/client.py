@@ -54,14 +54,18 @@ class VllmClient:
         return self.model
 
     def stream(self, prompt: list[int], max_tokens: int, stop_ids: frozenset[int] | set[int] = frozenset(),
-               temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None) -> Iterator[int]:
+               temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+               logprobs: bool = False) -> Iterator:
         """The tokens the server generates after ``prompt``, one at a time, up to ``max_tokens``;
-        a token in ``stop_ids`` ends the stream and is yielded last."""
+        a token in ``stop_ids`` ends the stream and is yielded last. With ``logprobs``, pairs
+        ``(token, its log-probability)`` (the model's own, before temperature)."""
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
                 "top_p": top_p, "stream": True, "return_token_ids": True, "skip_special_tokens": False,
                 "stop_token_ids": sorted(stop_ids), "ignore_eos": False}
         if seed is not None:
             body["seed"] = seed
+        if logprobs:
+            body["logprobs"] = 1
         finished = False
         try:
             with self.http.stream("POST", "/v1/completions", json=body) as response:
@@ -78,7 +82,10 @@ class VllmClient:
                     if ids is None:
                         raise BackendError(f"{self.base_url} returned no token ids (return_token_ids needs vLLM "
                                            ">= 0.10.2)")
-                    yield from ids
+                    if logprobs:
+                        yield from zip(ids, (choice.get("logprobs") or {}).get("token_logprobs") or [])
+                    else:
+                        yield from ids
                     if choice.get("finish_reason") is not None:
                         finished = True
         except httpx.HTTPError as err:
@@ -108,6 +115,15 @@ class VllmClient:
         if not out:
             raise BackendError(f"{self.base_url} returned no generated token id")
         return [*picks, int(out[0])]
+
+    def token_logprobs(self, prefix: list[int], tokens: list[int]) -> list[float]:
+        """The server's log-probability of each of ``tokens`` after ``prefix`` and those before it."""
+        body = {"model": self.model, "prompt": prefix + tokens, "max_tokens": 1, "temperature": 0.0,
+                "prompt_logprobs": 1, "return_token_ids": True}
+        rows = self._choice(self._json("POST", "/v1/completions", json=body)).get("prompt_logprobs")
+        if rows is None:
+            raise BackendError(f"{self.base_url} returned no prompt_logprobs (a vLLM server is needed)")
+        return [float(rows[len(prefix) + j][str(t)]["logprob"]) for j, t in enumerate(tokens)]
 
     # ------------------------------------------------------------------ plumbing
     def _json(self, method: str, path: str, **kwargs) -> dict:

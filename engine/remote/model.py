@@ -21,9 +21,26 @@ class RemoteModel:
         eos = tokenizer.eos_token_id
         self.eos_ids = eos_ids if eos_ids is not None else frozenset({int(eos)} if eos is not None else set())
 
+    compiled = None  # the server runs its own kernels: nothing to compile here
+
     @property
     def backend(self) -> str:
         return f"vllm {self.client.base_url}"
+
+    step_mode = backend  # what a run's stats say its steps ran on
+
+    def begin_run(self, exact: bool = False, compile: str = "off") -> None:
+        if exact:
+            raise ValueError("exact mode runs in process only: a vLLM server has its own kernels")
+
+    def check_fits(self, prompt_tokens: int, new_tokens: int) -> None:
+        """The server checks its own context length (``--max-model-len``) and says so."""
+
+    def shapes_to_compile(self, *sizes) -> list:
+        return []
+
+    def compile_for(self, *sizes) -> float:
+        return 0.0
 
     def prompt_ids(self, user_text: str) -> list[int]:
         return chat_prompt_ids(self.tokenizer, self.markers, user_text)
