@@ -88,3 +88,18 @@ def test_a_fork_reads_the_main_requests_prefix_from_the_cache(server):
     usage = httpx.post(server + "/v1/completions", timeout=120, json={
         "model": "tiny-reasoner", "prompt": fork, "max_tokens": 1, "temperature": 0}).json()["usage"]
     assert usage["prompt_tokens_details"]["cached_tokens"] >= len(prompt_ids)  # whole cache blocks of the prefix
+
+
+def test_rsd_with_its_target_on_the_server_runs_as_in_process(server):
+    from engine.prm import make_scorer  # noqa: PLC0415
+    from engine.rsd import decode_rsd  # noqa: PLC0415
+
+    target, draft = load_model("tiny-reasoner", device="cpu"), load_model("tiny-reasoner-draft", device="cpu")
+    rm = connect("tiny-reasoner", server)
+    cfg = RunConfig(max_think=300, max_answer=100)
+    for i in range(2):
+        prompt = make_example("arithmetic", EVAL_SEED_BASE + 720 + i).prompt
+        here = list(decode_rsd(target, draft, make_scorer("tiny-prm"), prompt, cfg))[-1]
+        there = list(decode_rsd(rm, draft, make_scorer("tiny-prm"), prompt, cfg))[-1]
+        assert (there.reasoning_ids, there.answer_ids) == (here.reasoning_ids, here.answer_ids)
+        assert there.stats.steps_accepted + there.stats.steps_rejected > 1 and there.stats.step_mode.startswith("vllm")
