@@ -35,22 +35,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--db", default="runs.db", help="SQLite run log")
     ap.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     ap.add_argument("--load-timeout", type=float, default=LOAD_TIMEOUT_S, help="seconds before a model load is given up")
-    ap.add_argument("--base-url", default=None,
-                    help="run --model on a vLLM server at this URL (baseline, SSR, Compare; RSD stays in process)")
-    ap.add_argument("--served-model", default=None, help="the server's name for --model (default: what it serves)")
-    ap.add_argument("--api-key", default=None, help="the vLLM server's API key, if it asks for one")
+    for role, flag in (("", "--model"), ("draft-", "--draft-model"), ("prm-", "--prm")):
+        ap.add_argument(f"--{role}base-url", default=None, help=f"run {flag} on a vLLM server at this URL (docs/SCALING.md)")
+        ap.add_argument(f"--{role}served-model", default=None, help=f"that server's name for {flag} (default: what it serves)")
+    ap.add_argument("--api-key", default=None, help="the vLLM servers' API key, if they ask for one")
     ap.add_argument("--compile", choices=COMPILE_MODES, default="auto",
                     help="compiled fixed-shape steps (torch.compile, CUDA graphs): auto = on CUDA only")
     ap.add_argument("--max-run-seconds", type=float, default=MAX_RUN_S, help="a run still going after this is stopped")
     return ap.parse_args(argv)
 
 
+def servers(args: argparse.Namespace) -> dict:
+    """The models given a vLLM server, by name: what ``engine.remote.model.connect`` needs."""
+    return {name: {"base_url": url, "api_key": args.api_key, "served_name": served}
+            for name, url, served in ((args.model, args.base_url, args.served_model),
+                                      (args.draft_model, args.draft_base_url, args.draft_served_model),
+                                      (args.prm, args.prm_base_url, args.prm_served_model)) if url}
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         studio = Studio(args.model, args.db, args.device, args.draft_model, args.prm, args.load_timeout,
-                        args.max_run_seconds, args.compile,
-                        {"base_url": args.base_url, "api_key": args.api_key, "served_name": args.served_model})
+                        args.max_run_seconds, args.compile, servers(args))
     except RunLogError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -31,6 +31,7 @@ from engine.model import ModelLoadError, SSRUnsupportedError, load_model, random
 from engine.presets import recommended_settings
 from engine.remote.client import BackendError
 from engine.remote.model import connect
+from engine.remote.prm import connect_prm
 from engine.runtime.compiled import COMPILE_MODES
 from engine.runlog import RunLog, RunMeta
 from engine.synthetic import check
@@ -180,6 +181,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--served-model", default=None, help="the server's name for the model (default: what it serves)")
     ap.add_argument("--draft-base-url", default=None, help="RSD's draft model on a vLLM server at this URL")
     ap.add_argument("--draft-served-model", default=None, help="that server's name for the draft model")
+    ap.add_argument("--prm-base-url", default=None, help="RSD's PRM on a vLLM server at this URL (math-shepherd "
+                    "format, served with STEP pooling: engine/remote/prm.py)")
+    ap.add_argument("--prm-served-model", default=None, help="that server's name for the PRM")
     ap.add_argument("--api-key", default=None, help="the server's API key, if it asks for one")
     ap.add_argument("--compile", choices=COMPILE_MODES, default=None,
                     help="compiled fixed-shape steps: auto (default: CUDA only), on, off; compile time is reported apart")
@@ -223,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.draft_base_url else load_model(args.draft_model, device=args.device)
             check_pair(lm, models["draft"])
         if "rsd" in methods:
-            models["scorer"] = make_scorer(args.prm, args.device, args.trust_remote_code)
+            models["scorer"] = connect_prm(args.prm, args.prm_base_url, args.api_key, args.prm_served_model) \
+                if args.prm_base_url else make_scorer(args.prm, args.device, args.trust_remote_code)
     except (ValueError, ModelLoadError, SSRUnsupportedError, BackendError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

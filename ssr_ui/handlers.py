@@ -32,6 +32,7 @@ from engine.presets import provenance, recommended_settings
 from engine.prm import make_scorer
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel, connect
+from engine.remote.prm import connect_prm
 from engine.rsd import check_pair
 from engine.runlog import RunLog, RunLogError, RunMeta, prompt_hash
 from ssr_ui import charts
@@ -87,10 +88,10 @@ def _interval(view: TraceView) -> float:
 class Studio:
     def __init__(self, model: str | None = None, db: str = "runs.db", device: str | None = None,
                  draft_model: str = DEFAULT_DRAFT, prm: str = DEFAULT_PRM, load_timeout: float = LOAD_TIMEOUT_S,
-                 max_run_s: float = MAX_RUN_S, compile: str = "auto", server: dict | None = None) -> None:
+                 max_run_s: float = MAX_RUN_S, compile: str = "auto", servers: dict | None = None) -> None:
         self.default_model = model or "tiny-reasoner"
-        # the default model on a vLLM server: engine.remote.model.connect's arguments (app --base-url)
-        self.server = server if server and server.get("base_url") else None
+        # models on vLLM servers, by name: connect's arguments (app --base-url, --draft-base-url, --prm-base-url)
+        self.servers = {name: s for name, s in (servers or {}).items() if s.get("base_url")}
         self.compile = RunConfig(compile=compile).compile  # the runs' compiled-steps default (app --compile)
         self.default_draft, self.default_prm = draft_model, prm
         self.device = device
@@ -126,13 +127,13 @@ class Studio:
             return cache[key]
 
     def model(self, name: str) -> LoadedModel | RemoteModel:
-        """A model by name, loaded once: the default one on the vLLM server when the app has one,
-        every other in process."""
+        """A model by name, loaded once: on its vLLM server when the app was given one for it,
+        else in process."""
         name = (name or self.default_model).strip()
 
         def load():
-            if self.server and name == self.default_model:
-                return connect(name, **self.server)
+            if name in self.servers:
+                return connect(name, **self.servers[name])
             lm = load_model(name, device=self.device)
             lm.warm_up()
             return lm
@@ -141,6 +142,8 @@ class Studio:
 
     def scorer(self, name: str):
         name = (name or self.default_prm).strip()
+        if name in self.servers:
+            return self._loaded(name, self._scorers, lambda: connect_prm(name, **self.servers[name]))
         return self._loaded(name, self._scorers, lambda: make_scorer(name, self.device))
 
     def config(self, model_name: str, **settings) -> RunConfig:

