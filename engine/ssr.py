@@ -216,18 +216,25 @@ def _draft_takes(s: _State, d: Draft, tokens: list[int], row_logits: torch.Tenso
     the distribution token ``j`` was drawn from. It finishes at end of sequence (kept as its end,
     with the probability it was drawn with) or at ``max_draft`` tokens."""
     for j, t in enumerate(tokens):
-        q = None if s.drafter.greedy else s.drafter.probs(row_logits[j])
-        if t in s.lm.eos_ids:
-            d.finished, d.end, d.end_probs = True, t, q
-            break
-        d.tokens.append(t)
-        d.probs.append(q)
-        s.index.extend(d.name, [t])
-        yield s.rec.token("draft", t, draft=d.index)
-        if len(d.tokens) >= s.cfg.max_draft:
-            d.finished = True
+        ev = take_draft_token(s, d, t, None if s.drafter.greedy else s.drafter.probs(row_logits[j]))
+        if ev is not None:
+            yield ev
+        if d.finished:
             break
     d.unfed = [] if d.finished else tokens[-1:]
+
+
+def take_draft_token(s, d: Draft, t: int, q) -> Event | None:
+    """Draft ``d`` takes token ``t`` (drawn with ``q``): an end of sequence finishes it, kept as its
+    end; any other token joins it (its event is returned), and at ``max_draft`` tokens it finishes."""
+    if t in s.lm.eos_ids:
+        d.finished, d.end, d.end_probs = True, t, q
+        return None
+    d.tokens.append(t)
+    d.probs.append(q)
+    s.index.extend(d.name, [t])
+    d.finished = len(d.tokens) >= s.cfg.max_draft
+    return s.rec.token("draft", t, draft=d.index)
 
 
 def _fork_at(cfg: RunConfig, drafts_so_far: int) -> int:

@@ -31,7 +31,7 @@ from engine.proposers import Draft
 from engine.recorder import Recorder
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel
-from engine.ssr import _answer, _fork_at
+from engine.ssr import _answer, _fork_at, take_draft_token
 from engine.suffix_index import SuffixIndex
 
 
@@ -180,18 +180,14 @@ def _reason_and_fork(s: RemoteState, markers) -> Iterator[Event]:
 
 
 def _draft_takes(s: RemoteState, live: dict[int, Draft], index: int, tok: int | None) -> Iterator[Event]:
+    """A streamed draft's next token (None: its request ended at ``max_draft``)."""
     d = live.get(index)
-    if d is None:
+    if d is None:  # finished, or frozen when the reasoning ended
         return
-    if tok is None or tok in s.lm.eos_ids:
-        d.finished, d.end = True, tok
-        del live[index]
-        return
-    d.tokens.append(tok)
-    d.probs.append(None)
-    s.index.extend(d.name, [tok])
-    yield s.rec.token("draft", tok, draft=d.index)
-    if len(d.tokens) >= s.cfg.max_draft:
+    ev = take_draft_token(s, d, tok, None) if tok is not None else None
+    if ev is not None:
+        yield ev
+    if tok is None or d.finished:
         d.finished = True
         del live[index]
 
