@@ -15,6 +15,7 @@ import sys
 
 from starlette.middleware import Middleware
 
+from engine.remote.model import check_backend
 from engine.runlog import RunLogError
 from engine.runtime.compiled import COMPILE_MODES
 from ssr_ui.handlers import DEFAULT_DRAFT, DEFAULT_PRM, LOAD_TIMEOUT_S, MAX_RUN_S, Studio
@@ -35,6 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--db", default="runs.db", help="SQLite run log")
     ap.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     ap.add_argument("--load-timeout", type=float, default=LOAD_TIMEOUT_S, help="seconds before a model load is given up")
+    ap.add_argument("--backend", choices=("transformers", "vllm"), default=None,
+                    help="where --model runs: in process (transformers, the default) or on a vLLM server (--base-url)")
     for role, flag in (("", "--model"), ("draft-", "--draft-model"), ("prm-", "--prm")):
         ap.add_argument(f"--{role}base-url", default=None, help=f"run {flag} on a vLLM server at this URL (docs/SCALING.md)")
         ap.add_argument(f"--{role}served-model", default=None, help=f"that server's name for {flag} (default: what it serves)")
@@ -56,9 +59,10 @@ def servers(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
+        check_backend(args.backend, args.base_url)
         studio = Studio(args.model, args.db, args.device, args.draft_model, args.prm, args.load_timeout,
                         args.max_run_seconds, args.compile, servers(args))
-    except RunLogError as err:
+    except (ValueError, RunLogError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     demo = build_app(studio)

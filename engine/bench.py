@@ -30,7 +30,7 @@ from engine.rsd import RSD_METHODS, check_pair
 from engine.model import ModelLoadError, SSRUnsupportedError, load_model, random_weights_model
 from engine.presets import recommended_settings
 from engine.remote.client import BackendError
-from engine.remote.model import connect
+from engine.remote.model import check_backend, connect
 from engine.remote.prm import connect_prm
 from engine.runtime.compiled import COMPILE_MODES
 from engine.runlog import RunLog, RunMeta
@@ -176,6 +176,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--trust-remote-code", action="store_true", help="allow a PRM's own modelling code to run")
     for name, kind in CONFIG_FLAGS.items():
         ap.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
+    ap.add_argument("--backend", choices=("transformers", "vllm"), default=None,
+                    help="where --model runs: in process (transformers, the default) or on a vLLM server (--base-url)")
     ap.add_argument("--base-url", default=None, help="run --model on a vLLM server at this URL (e.g. "
                     "http://host:8000): baseline, ssr and RSD's target; --model still names it, for its tokenizer")
     ap.add_argument("--served-model", default=None, help="the server's name for the model (default: what it serves)")
@@ -210,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         log = RunLog(args.db) if args.db else None
         if args.random_weights and set(methods) & {"rsd", "target", "draft"}:
             raise ValueError("--random-weights measures single-model methods; RSD needs trained models")
+        check_backend(args.backend, args.base_url)
         if args.base_url:
             lm = connect(args.model, args.base_url, args.api_key, args.served_model)
             for m in methods:

@@ -222,3 +222,31 @@ def test_a_prm_on_a_server_scores_as_in_process():
     bundled.client.pool = lambda ids: [[0.4, 0.6]]  # a server that pools every token, or not as a 2-way classifier
     with pytest.raises(BackendError, match="does not score tiny-prm at its step tags"):
         bundled.score("7 plus 5 is 12.")
+
+
+def test_the_backend_flag_and_the_url_agree(tmp_path, capsys):
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from engine import bench  # noqa: PLC0415
+    from tests.apps import ROOT  # noqa: PLC0415
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    assert bench.main(["--backend", "vllm", "--prompts", str(prompts), "--out", str(tmp_path / "o.json")]) == 2
+    assert "--backend vllm needs --base-url" in capsys.readouterr().err
+    out = subprocess.run([sys.executable, "app.py", "--backend", "transformers", "--base-url", "http://x:8000"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--base-url runs the model on a vLLM server" in out.stderr
+
+
+def test_a_studio_whose_server_is_down_says_so_and_keeps_working(tmp_path, lm):
+    from ssr_ui.handlers import Studio  # noqa: PLC0415
+
+    down = FakeVllm(lm, name="tiny-reasoner", fail="down")
+    studio = Studio("tiny-reasoner", str(tmp_path / "runs.db"),
+                    servers={"tiny-reasoner": {"base_url": "http://vllm.test", "transport": down.transport}})
+    frame = list(studio.run("hello", "SSR", max_think=20, draft_start=2))[-1]
+    assert "cannot reach http://vllm.test: is the vLLM server running?" in frame.metrics
+    assert studio.log.runs(limit=5) == []  # nothing ran, nothing logged
+    assert list(studio.run("hello", "Baseline", "tiny-reasoner-draft", max_think=8, max_answer=4))[-1].view.phase == "done"

@@ -52,6 +52,14 @@ class RemoteModel:
         return self.markers
 
 
+def check_backend(backend: str | None, base_url: str | None) -> None:
+    """``--backend vllm`` needs a server's URL; a URL means the vLLM backend (ValueError otherwise)."""
+    if backend == "vllm" and not base_url:
+        raise ValueError("--backend vllm needs --base-url (the vLLM server's URL, e.g. http://gpu-host:8000)")
+    if backend == "transformers" and base_url:
+        raise ValueError("--base-url runs the model on a vLLM server: drop it, or use --backend vllm")
+
+
 def connect(name: str, base_url: str, api_key: str | None = None, served_name: str | None = None,
             timeout: float = 120.0, transport=None) -> RemoteModel:
     """A model on a vLLM server at ``base_url``; ``name`` (a bundled name, preset, local folder or
