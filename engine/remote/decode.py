@@ -150,7 +150,10 @@ def _reason_and_fork(s: RemoteState, markers) -> Iterator[Event]:
                     rec.forward()
                 else:
                     d.finished = True
-            source, item = arrivals.get(timeout=rm.client.http.timeout.read or None)
+            try:  # the client's own timeout answers first; this one only guards a thread that died silently
+                source, item = arrivals.get(timeout=(rm.client.http.timeout.read or 0) + 30 or None)
+            except queue.Empty:
+                raise BackendError(f"{rm.client.base_url} sent nothing for too long") from None
             if isinstance(item, BackendError):
                 raise item
             if source != "main":
