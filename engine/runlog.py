@@ -33,7 +33,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import platform
 import sqlite3
 import threading

@@ -41,7 +41,7 @@ from engine.config import RunConfig
 from engine.events import Event
 from engine.model import LoadedModel
 from engine.runtime.cache import cache_mb, checkpoint, compact, crop, take_rows
-from engine.proposers import Draft, DraftPrefixProposer, Proposal, SuffixProposer
+from engine.proposers import Draft, DraftPrefixProposer, SuffixProposer
 from engine.recorder import Recorder
 from engine.sampling import Chooser
 from engine.suffix_index import SuffixIndex

@@ -219,7 +219,6 @@ def test_4_a_prompt_beyond_the_context_is_refused_before_running(page, app):
     ("max_answer", 2.5, "max_answer=2.5 must be a whole number"),
 ])
 def test_4_every_numeric_api_parameter_is_validated(app, field, value, message):
-    from gradio_client import Client
 
     import html
 
