@@ -33,7 +33,12 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
 def verify_greedy(target_logits: torch.Tensor, draft_tokens: list[int]) -> tuple[int, int]:
     """Greedy verification. ``target_logits`` ``[k + 1, V]`` predict the draft's k tokens and one
     more. Returns (accepted count n, the target's own token at position n)."""
-    picks = target_logits.argmax(-1).tolist()  # [k + 1]
+    return accept_greedy(target_logits.argmax(-1).tolist(), draft_tokens)
+
+
+def accept_greedy(picks: list[int], draft_tokens: list[int]) -> tuple[int, int]:
+    """Greedy acceptance from the verifier's own picks ``[k + 1]`` (its token at each draft
+    position, then one more): (accepted count n, its token at position n)."""
     n = 0
     while n < len(draft_tokens) and draft_tokens[n] == picks[n]:
         n += 1

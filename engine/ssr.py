@@ -315,7 +315,7 @@ class _Batch:
 
 def _answer(s) -> Iterator[Event]:
     """Phase B over any state with ``verify`` (in-process: :class:`_State`; a server:
-    ``engine.remote.ssr``)."""
+    ``engine.remote.decode.RemoteState``)."""
     cfg, rec, lm = s.cfg, s.rec, s.lm
     stop = lm.eos_ids
     proposers = [DraftPrefixProposer(s.drafts[-1] if s.drafts else None)]

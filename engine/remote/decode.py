@@ -31,13 +31,14 @@ from engine.proposers import Draft
 from engine.recorder import Recorder
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel
+from engine.sampling import accept_greedy
 from engine.ssr import _answer, _fork_at, take_draft_token
 from engine.suffix_index import SuffixIndex
 
 
 def decode_remote_baseline(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     """Yield the events of a plain run of ``prompt`` on the server."""
-    _check(cfg)
+    rm.begin_run(cfg.exact)
     prompt_ids = rm.prompt_ids(prompt)
     rec = _recorder(rm, "baseline", prompt_ids)
     markers, eos = rm.markers, rm.eos_ids
@@ -75,7 +76,7 @@ def decode_remote_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[
     """Yield the events of a greedy SSR run of ``prompt`` on the server."""
     markers = rm.require_markers()
     cfg.check_ssr()
-    _check(cfg)
+    rm.begin_run(cfg.exact)
     if not cfg.greedy:
         raise ValueError("SSR over a vLLM server is greedy only (temperature 0): verifying sampled tokens needs "
                          "the full distributions, and the server returns top-k log-probabilities")
@@ -115,11 +116,9 @@ class RemoteState:
         else:
             picks = list(_first(client.stream(self.seq + self.unfed, 1)))
         self.rec.forward()
-        accepted = 0
-        while accepted < len(proposed) and proposed[accepted] == picks[accepted]:
-            accepted += 1
+        accepted, nxt = accept_greedy(picks, proposed)
         self.seq += self.unfed + proposed[:accepted]
-        return accepted, picks[accepted]
+        return accepted, nxt
 
 
 def _reason_and_fork(s: RemoteState, markers) -> Iterator[Event]:
@@ -233,8 +232,3 @@ def _recorder(rm: RemoteModel, method: str, prompt_ids: list[int]) -> Recorder:
     rec = Recorder(rm.tokenizer, method, len(prompt_ids))
     rec.stats.step_mode = rm.backend
     return rec
-
-
-def _check(cfg: RunConfig) -> None:
-    if cfg.exact:
-        raise ValueError("exact mode runs in process only: a vLLM server has its own kernels")
