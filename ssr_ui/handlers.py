@@ -25,7 +25,7 @@ from pathlib import Path
 
 from engine.agreement import agreement
 from engine.config import RunConfig, number
-from engine.events import RunStats
+from engine.events import DoneEvent, RunStats
 from engine.methods import decoder
 from engine.model import LoadedModel, ModelLoadError, SSRUnsupportedError, load_model
 from engine.presets import provenance, recommended_settings
@@ -85,6 +85,21 @@ def _interval(view: TraceView) -> float:
     return max(1.0 / UPDATES_PER_S, tokens / 20_000)
 
 
+def _claimed(events, job: Job, last: bool):
+    """The engine's ``events``, with the run's end claimed from ``job`` (:meth:`Job.end_run`) while
+    its final event is held back: a job cancelled first never passes it on, so the run log records
+    the run ``cancelled``, as the cancel's reply said. A failing run ends the job before its row is
+    written, so a cancel after that answers "already finished"."""
+    try:
+        for ev in events:
+            if isinstance(ev, DoneEvent) and not job.end_run(last):
+                return
+            yield ev
+    except Exception:
+        job.finish()
+        raise
+
+
 class Studio:
     def __init__(self, model: str | None = None, db: str = "runs.db", device: str | None = None,
                  draft_model: str = DEFAULT_DRAFT, prm: str = DEFAULT_PRM, load_timeout: float = LOAD_TIMEOUT_S,
@@ -139,6 +154,11 @@ class Studio:
             return lm
 
         return self._loaded(name, self._models, load)
+
+    def add_model(self, name: str, model: LoadedModel | RemoteModel) -> None:
+        """Serve an already loaded ``model`` under ``name`` (scripts, tests, a caller's own model)."""
+        with self._load_lock:
+            self._models[name.strip()] = model
 
     def scorer(self, name: str):
         name = (name or self.default_prm).strip()
@@ -201,7 +221,7 @@ class Studio:
                 view = TraceView(method=METHOD_NAMES[name], think_end=_think_end(lm), exact=cfg.exact,
                                  rule=self.rsd_rule(model_name, cfg) if name == "RSD" else None,
                                  dtypes=_dtypes(lm, rsd if name == "RSD" else {}))
-                yield from self._stream(lm, prompt, name, cfg, view, rsd, job, deadline)
+                yield from self._stream(lm, prompt, name, cfg, view, rsd, job, deadline, last=name == runs[-1])
                 finals[name] = last = self._frame(view, name, lm, prompt, cfg, final=True)
         finally:
             self._lock.release()
@@ -215,10 +235,13 @@ class Studio:
         yield dataclasses.replace(finals[COMPARE_SHOWS], chart=charts.latency_bars(latencies), runs=finals)
 
     def _stream(self, lm, prompt, name, cfg, view, rsd: dict | None = None, job: Job | None = None,
-                deadline: float | None = None) -> Iterator[Frame]:
+                deadline: float | None = None, last: bool = True) -> Iterator[Frame]:
         """Run one method into ``view``, yielding throttled frames. A cancelled ``job`` or the
-        ``deadline`` stops it (the engine stream is closed, so the run is logged ``cancelled``); a
-        run log that cannot be written leaves the run on screen with a "not saved" notice."""
+        ``deadline`` stops it (the engine stream is closed, so the run is logged ``cancelled``); the
+        run's end is claimed from ``job`` before its final event is logged (``last``: the job's last
+        run; ssr_ui/jobs.py's cancel contract). A run log that cannot be written leaves the run on
+        screen with a "not saved" notice."""
+        job = job or Job(None, None)
         method = METHOD_NAMES[name]
         if method == "ssr":
             lm.require_markers()
@@ -226,21 +249,24 @@ class Studio:
         meta = RunMeta(method, lm.model_id, prompt, cfg.to_dict(), device=getattr(lm, "backend", str(lm.device)),
                        draft_model=rsd.get("draft_name") if method == "rsd" else None,
                        prm=rsd.get("prm_name") if method == "rsd" else None)
-        last = 0.0
-        events = self.log.record(decoder(method, lm, rsd.get("draft"), rsd.get("scorer"))(prompt, cfg), meta)
+        shown_at = 0.0
+        run = decoder(method, lm, rsd.get("draft"), rsd.get("scorer"))(prompt, cfg)
+        events = self.log.record(_claimed(run, job, last), meta)
         try:
             try:
                 for ev in events:
                     view.apply(ev)
                     now = time.perf_counter()
-                    if (job is not None and job.cancelled) or (deadline is not None and now > deadline):
+                    if view.done is None and (job.cancelled or (deadline is not None and now > deadline)):
                         view.phase = "stopped"
-                        if not (job is not None and job.cancelled):
+                        if not job.cancelled:
                             view.notice = f"stopped after {self.max_run_s:.0f} s, the limit per run (--max-run-seconds)"
                         break
-                    if now - last >= _interval(view):
-                        last = now
+                    if now - shown_at >= _interval(view):
+                        shown_at = now
                         yield self._frame(view, name, lm, prompt, cfg)
+                if view.done is None and job.cancelled:  # cancelled while its final event was held back
+                    view.phase = "stopped"
             finally:
                 events.close()  # a stop, or a client gone, logs the run as cancelled
         except RunLogError as err:
@@ -324,14 +350,14 @@ class Studio:
             lm = self.model(model_name)
             with self._lock:
                 base = TraceView()
-                for _ in self._stream(lm, prompt, "Baseline", configs[0], base, job=job):
+                for _ in self._stream(lm, prompt, "Baseline", configs[0], base, job=job, last=False):
                     pass
                 points, view = [], base
                 for d, cfg in zip(starts, configs):
                     if job.cancelled:
                         break
                     view = TraceView()
-                    for _ in self._stream(lm, prompt, "SSR", cfg, view, job=job):
+                    for _ in self._stream(lm, prompt, "SSR", cfg, view, job=job, last=d == starts[-1]):
                         pass
                     if view.phase == "stopped":  # a run that finished before the stop still counts
                         break

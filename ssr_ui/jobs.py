@@ -17,6 +17,20 @@ So the studio keeps its own registry, keyed by Gradio's event id (one per submit
   job whose join is still in flight for that session, else its session's newest unfinished job.
 * :meth:`Jobs.start` refuses a second start of the same job, so no job is ever run twice.
 * The studio's own Stop button marks every job of its browser session (:meth:`Jobs.cancel_session`).
+
+**The cancel contract.** A job's end is decided once, under the job's lock: either a cancel comes
+first, or the job's last run claims its end first (:meth:`Job.end_run`, called while the run's final
+event is held back from the run log). The cancel reply says which, and the run log agrees:
+
+* ``cancelled``: the job had not finished. A queued job runs nothing and leaves no row; a running
+  one stops at its next event and its run in flight is logged ``cancelled`` (runs it finished
+  before, in a comparison or a sweep, stay ``ok``); nothing after it runs.
+* ``already finished``: its last run had ended (logged ``ok``, or ``error`` if it failed) before the
+  cancel arrived; nothing changes.
+* ``not found``: no job of that id (or, without an id, no unfinished job of that session).
+
+The one case the reply cannot foresee: a run that fails with an error between the cancel and its
+next event is logged ``error`` (it did fail), after a ``cancelled`` reply.
 """
 
 from __future__ import annotations
@@ -31,16 +45,59 @@ from dataclasses import dataclass, field
 REMEMBERED = 10_000  # job ids kept to refuse a restart; old ones are forgotten first
 
 
+CANCELLED, ALREADY_FINISHED, NOT_FOUND = "cancelled", "already finished", "not found"  # the cancel replies
+
+
 @dataclass
 class Job:
+    """One submitted job: ``queued`` -> ``running`` -> ``finished``, or ``cancelled`` from either of
+    the first two. ``cancel`` is set exactly when the state becomes ``cancelled``."""
+
     event_id: str | None
     session: str | None
     cancel: threading.Event = field(default_factory=threading.Event)
-    finished: bool = False
+    state: str = "queued"
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def cancelled(self) -> bool:
         return self.cancel.is_set()
+
+    @property
+    def finished(self) -> bool:
+        return self.state == "finished"
+
+    def request_cancel(self) -> str:
+        """Cancel the job unless it has finished: :data:`CANCELLED` or :data:`ALREADY_FINISHED`."""
+        with self._lock:
+            if self.state == "finished":
+                return ALREADY_FINISHED
+            self.state = "cancelled"
+            self.cancel.set()
+            return CANCELLED
+
+    def end_run(self, last: bool) -> bool:
+        """Claim one run's end, before its final event reaches the run log: False if the job was
+        cancelled first (the run is then logged ``cancelled``), else True, and when ``last`` (the
+        job's last run) the job is finished from here on: a later cancel changes nothing."""
+        with self._lock:
+            if self.state == "cancelled":
+                return False
+            if last:
+                self.state = "finished"
+            return True
+
+    def finish(self) -> None:
+        """The job ended another way (its handler returned, a run failed): finished, unless a
+        cancel came first."""
+        with self._lock:
+            if self.state != "cancelled":
+                self.state = "finished"
+
+    def _begin(self) -> None:
+        with self._lock:
+            if self.state == "queued":
+                self.state = "running"
 
 
 def current_event_id() -> str | None:
@@ -69,6 +126,11 @@ class Jobs:
             job.session = session
         return job
 
+    def get(self, event_id: str) -> Job | None:
+        """The job of this event id, if it is known (joined or started, and not yet forgotten)."""
+        with self._lock:
+            return self._jobs.get(event_id)
+
     def start(self, event_id: str | None, session: str | None) -> Job | None:
         """The job about to run, or None if it already started once (Gradio restarting it)."""
         if event_id is None:  # called outside a Gradio queue (tests, scripts): nothing to track
@@ -77,7 +139,9 @@ class Jobs:
             if event_id in self._started:
                 return None
             self._started.add(event_id)
-            return self._job(event_id, session)
+            job = self._job(event_id, session)
+        job._begin()
+        return job
 
     def joining(self, session: str | None) -> None:
         """A join request of this session arrived; its job id comes with the reply."""
@@ -93,43 +157,45 @@ class Jobs:
             job = self._job(event_id, session)
             if self._pending.get(session):
                 self._pending[session] -= 1
-                job.cancel.set()
+                job.request_cancel()
 
     @contextlib.contextmanager
     def running(self, event_id: str | None, session: str | None) -> Iterator[Job | None]:
-        """:meth:`start` the job for the duration of the block, then mark it finished."""
+        """:meth:`start` the job for the duration of the block, then :meth:`Job.finish` it."""
         job = self.start(event_id, session)
         try:
             yield job
         finally:
             if job is not None:
-                job.finished = True
+                job.finish()
 
-    def cancel(self, event_id: str | None, session: str | None = None) -> None:
-        """Mark one job cancelled, whether it is queued, running or not yet known; without an
-        ``event_id``, the newest unfinished, uncancelled job of ``session``."""
+    def cancel(self, event_id: str | None, session: str | None = None) -> tuple[str, str | None]:
+        """Cancel one job, queued or running: ``(reply, event_id)``, the reply one of
+        :data:`CANCELLED`, :data:`ALREADY_FINISHED`, :data:`NOT_FOUND` (the module's contract).
+        Without an ``event_id``: the job whose join is still in flight for ``session`` (its id then
+        unknown: None), else that session's newest unfinished, uncancelled job."""
         with self._lock:
             if event_id:
-                self._job(event_id).cancel.set()
-                return
+                job = self._jobs.get(event_id)
+                return (job.request_cancel() if job else NOT_FOUND), event_id
             if self._joining.get(session, 0) > self._pending.get(session, 0):  # its job has no id yet
                 self._pending[session] = self._pending.get(session, 0) + 1
-                return
+                return CANCELLED, None
             newest = [j for j in self._jobs.values() if j.session == session and not (j.finished or j.cancelled)]
-            if newest:
-                newest[-1].cancel.set()
+            if not newest:
+                return NOT_FOUND, None
+            return newest[-1].request_cancel(), newest[-1].event_id
 
     def cancel_session(self, session: str | None) -> int:
-        """Mark every job of this browser session cancelled; how many were marked."""
+        """Cancel every unfinished job of this browser session; how many were cancelled."""
         with self._lock:
             jobs = [j for j in self._jobs.values() if j.session == session and not j.cancelled]
-        for job in jobs:
-            job.cancel.set()
-        return len(jobs)
+        return sum(job.request_cancel() == CANCELLED for job in jobs)
 
 
 class CancelRoute:
-    """ASGI middleware: ``POST .../cancel`` marks the asked job in :class:`Jobs` and answers;
+    """ASGI middleware: ``POST .../cancel`` cancels the asked job in :class:`Jobs` and answers
+    ``{"success", "status", "event_id"}``, ``status`` being the contract's reply;
     ``POST .../queue/join`` passes through, and its reply registers the job with its session."""
 
     def __init__(self, app, jobs: Jobs) -> None:
@@ -147,8 +213,10 @@ class CancelRoute:
 
     async def _cancel(self, receive, send) -> None:
         body = json_object(await _read(receive))
-        self.jobs.cancel(body.get("event_id") or None, body.get("session_hash"))
-        payload = b'{"success": true}'
+        event_id = body.get("event_id") if isinstance(body.get("event_id"), str) else None
+        status, event_id = self.jobs.cancel(event_id or None, body.get("session_hash"))
+        # Gradio's own reply is {"success": true}; ours also says what happened to the job
+        payload = json.dumps({"success": status != NOT_FOUND, "status": status, "event_id": event_id}).encode()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})

@@ -40,3 +40,37 @@ def launched(folder: Path, *args: str, db: Path | None = None):
             proc.terminate()
             proc.wait(timeout=20)
         log.close()
+
+
+def wait_for(check, what: str, timeout: float = 120.0, every: float = 0.05):
+    """Poll ``check()`` until it returns something truthy, and return that; fail naming ``what``
+    after ``timeout`` seconds (generous: a wait is for an event, never a bet on the machine's speed)."""
+    import time  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def cancel_replies(monkeypatch) -> list[dict]:
+    """From now on until the test ends, collect the studio's replies to ``gradio_client``'s cancels
+    (``Job.cancel()`` posts with ``httpx.post`` and drops the reply): a list that grows by one
+    reply per cancel sent."""
+    import httpx  # noqa: PLC0415
+
+    replies: list[dict] = []
+    post = httpx.post
+
+    def posting(url, *args, **kwargs):
+        response = post(url, *args, **kwargs)
+        if str(url).endswith("/cancel"):
+            replies.append(response.json())
+        return response
+
+    monkeypatch.setattr(httpx, "post", posting)
+    return replies

@@ -1,4 +1,5 @@
-"""Test-wide settings: never reach a hub, and one intra-op thread.
+"""Test-wide settings: never reach a hub, and one intra-op thread (``SSR_TEST_THREADS`` sets
+another count: .ci/run reruns the numeric tests with 2, so a kernel's threading is felt).
 
 Tiny models gain nothing from intra-op threads and lose a lot to oversubscription.
 """
@@ -10,4 +11,4 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import torch  # noqa: E402
 
-torch.set_num_threads(1)
+torch.set_num_threads(int(os.environ.get("SSR_TEST_THREADS", "1")))

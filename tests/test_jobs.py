@@ -1,8 +1,22 @@
-"""The studio's job registry: which job a cancel reaches, and that no job starts twice."""
+"""The studio's job registry: which job a cancel reaches, that no job starts twice, and the cancel
+contract (ssr_ui/jobs.py): the reply says what happened to the job, and its run-log row agrees,
+whichever of the cancel and the job's end comes first (each order driven deterministically).
+"""
 
 from __future__ import annotations
 
-from ssr_ui.jobs import Jobs
+import asyncio
+import json
+import sqlite3
+import threading
+
+import pytest
+
+from engine.events import DoneEvent
+from ssr_ui import handlers
+from ssr_ui.handlers import Studio
+from ssr_ui.jobs import ALREADY_FINISHED, CANCELLED, NOT_FOUND, CancelRoute, Jobs
+from tests.tiny import make_model
 
 
 def test_a_cancel_reaches_its_own_job_only():
@@ -27,7 +41,7 @@ def test_cancel_before_the_join_reply_reaches_the_joining_job_not_the_running_on
     jobs.cancel(None, "s")
     jobs.joined("new", "s")
     assert jobs.start("new", "s").cancelled
-    assert not jobs._jobs["running"].cancelled  # tempting wrong answer: the session's newest known job
+    assert not jobs.get("running").cancelled  # tempting wrong answer: the session's newest known job
 
 
 def test_cancel_without_an_id_and_no_join_in_flight_takes_the_newest_unfinished_job():
@@ -37,7 +51,7 @@ def test_cancel_without_an_id_and_no_join_in_flight_takes_the_newest_unfinished_
     jobs.joined("queued", "s")
     jobs.joined("other-session", "t")
     jobs.cancel(None, "s")
-    assert jobs._jobs["queued"].cancelled and not jobs._jobs["other-session"].cancelled
+    assert jobs.get("queued").cancelled and not jobs.get("other-session").cancelled
 
 
 def test_stop_marks_every_job_of_its_session_only():
@@ -45,4 +59,154 @@ def test_stop_marks_every_job_of_its_session_only():
     for eid, session in (("a", "tab1"), ("b", "tab1"), ("c", "tab2")):
         jobs.joined(eid, session)
     assert jobs.cancel_session("tab1") == 2
-    assert [j.cancelled for j in jobs._jobs.values()] == [True, True, False]
+    assert [jobs.get(e).cancelled for e in "abc"] == [True, True, False]
+
+
+# ----------------------------------------------------------------------------- the reply, in each order
+
+def test_the_reply_says_what_happened_to_the_job():
+    jobs = Jobs()
+    jobs.joined("queued", "s")
+    assert jobs.cancel("queued") == (CANCELLED, "queued")
+    assert jobs.cancel("never-joined") == (NOT_FOUND, "never-joined")
+    with jobs.running("done", "s") as job:
+        assert job.end_run(last=True)  # its last run claimed its end
+        assert jobs.cancel("done") == (ALREADY_FINISHED, "done")
+    assert not job.cancelled and job.finished
+    with jobs.running("late", "s") as job:
+        assert jobs.cancel("late") == (CANCELLED, "late")
+        assert not job.end_run(last=True)  # the run claims its end after the cancel: too late
+    assert job.cancelled and not job.finished
+    assert jobs.cancel(None, "s") == (NOT_FOUND, None)  # no unfinished job left in the session
+
+
+def test_a_middle_run_of_a_job_leaves_it_cancellable():
+    jobs = Jobs()
+    with jobs.running("compare", "s") as job:
+        assert job.end_run(last=False)  # the baseline of a comparison ended: the job goes on
+        assert jobs.cancel("compare") == (CANCELLED, "compare")
+        assert not job.end_run(last=True)
+
+
+def test_the_cancel_route_answers_with_the_contract():
+    jobs = Jobs()
+    jobs.joined("e1", "s")
+    with jobs.running("e2", "s") as job:
+        job.end_run(last=True)
+    route = CancelRoute(None, jobs)
+
+    def post(body: dict) -> dict:
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        asyncio.run(route({"type": "http", "method": "POST", "path": "/gradio_api/cancel"}, receive, send))
+        assert sent[0]["status"] == 200
+        return json.loads(sent[1]["body"])
+
+    assert post({"event_id": "e1", "session_hash": "s"}) == {"success": True, "status": CANCELLED, "event_id": "e1"}
+    assert post({"event_id": "e2", "session_hash": "s"})["status"] == ALREADY_FINISHED
+    assert post({"event_id": "zz", "session_hash": "s"}) == {"success": False, "status": NOT_FOUND, "event_id": "zz"}
+    assert post({"event_id": 7, "session_hash": "nobody"})["status"] == NOT_FOUND  # not a string id: no job
+
+
+# ----------------------------------------------------------------------------- the race, held both ways
+
+PROMPT = "Start with 4, then add 5. What is the result?"
+SETTINGS = dict(max_think=12, max_answer=8)
+
+
+@pytest.fixture
+def studio(tmp_path):
+    s = Studio("tiny", db=str(tmp_path / "runs.db"))
+    s.add_model("tiny", make_model("llama", init_scale=3.0))
+    return s
+
+
+def _statuses(studio) -> list[str]:
+    with sqlite3.connect(studio.log.path) as conn:
+        return [status for (status,) in conn.execute("select status from runs order by id")]
+
+
+class Hold:
+    """A gate in another thread's way: ``reached`` is set when that thread arrives, and it waits
+    there until the test calls :meth:`release`."""
+
+    def __init__(self) -> None:
+        self.reached, self._go = threading.Event(), threading.Event()
+
+    def wait_here(self) -> None:
+        self.reached.set()
+        assert self._go.wait(60), "the test never released the hold"
+
+    def release(self) -> None:
+        self._go.set()
+
+
+def _run_in_thread(studio, event_id: str, frames: list):
+    def work():
+        with studio.jobs.running(event_id, "s") as job:
+            frames.extend(studio.run(PROMPT, "Baseline", job=job, **SETTINGS))
+
+    studio.jobs.joined(event_id, "s")
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_cancel_that_arrives_while_the_final_event_is_held_wins(studio, monkeypatch):
+    """The run's final event is held before it reaches the run log; the cancel arrives: the reply
+    says cancelled and the row says cancelled."""
+    hold, real = Hold(), handlers.decoder
+
+    def held_decoder(*args):
+        decode = real(*args)
+
+        def run(prompt, cfg):
+            for ev in decode(prompt, cfg):
+                if isinstance(ev, DoneEvent):
+                    hold.wait_here()
+                yield ev
+        return run
+
+    monkeypatch.setattr(handlers, "decoder", held_decoder)
+    frames: list = []
+    thread = _run_in_thread(studio, "e1", frames)
+    assert hold.reached.wait(60)
+    assert studio.jobs.cancel("e1") == (CANCELLED, "e1")
+    hold.release()
+    thread.join(60)
+    assert _statuses(studio) == ["cancelled"]
+    assert frames[-1].view.phase == "stopped" and "stopped" in frames[-1].metrics
+
+
+def test_a_cancel_that_arrives_after_the_job_claimed_its_end_changes_nothing(studio, monkeypatch):
+    """The reverse: the run has claimed its end and its row is being written (held) when the
+    cancel arrives: the reply says already finished and the row says ok."""
+    hold, save = Hold(), studio.log.save
+
+    def held_save(*args, **kwargs):
+        hold.wait_here()
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(studio.log, "save", held_save)
+    frames: list = []
+    thread = _run_in_thread(studio, "e2", frames)
+    assert hold.reached.wait(60)
+    assert studio.jobs.cancel("e2") == (ALREADY_FINISHED, "e2")
+    hold.release()
+    thread.join(60)
+    assert _statuses(studio) == ["ok"]
+    assert frames[-1].view.phase == "done"
+
+
+def test_a_job_cancelled_while_queued_runs_nothing_and_leaves_no_row(studio):
+    studio.jobs.joined("e3", "s")
+    assert studio.jobs.cancel("e3") == (CANCELLED, "e3")
+    with studio.jobs.running("e3", "s") as job:
+        frames = list(studio.run(PROMPT, "Baseline", job=job, **SETTINGS))
+    assert _statuses(studio) == [] and frames == []
