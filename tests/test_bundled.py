@@ -10,11 +10,22 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine.baseline import decode_baseline
 from engine.config import RunConfig
 from engine.model import load_model
 from engine.training.evaluate import KNOWN_BUDGET
+from tests.numeric import (
+    Gap,
+    assert_within,
+    distance,
+    float64_copy,
+    forward_depth,
+    gap_to_reference,
+    softmax_depth,
+    tolerance,
+)
 
 EXPECTED = json.loads((Path(__file__).parent / "data" / "bundled_expected.json").read_text())
 
@@ -33,15 +44,30 @@ def test_known_greedy_output(name):
     assert done.answer_ids == EXPECTED[name]["answer_ids"]
 
 
+@pytest.mark.numeric
 @pytest.mark.skipif("tiny-prm" not in EXPECTED, reason="no bundled PRM exported yet")
 def test_known_prm_scores():
+    """Our scores and the written ones (a float32 run on whichever CPU wrote them) are each within
+    float32's rounding of the same weights' scores in float64."""
     from engine.prm import MathShepherdScorer
 
-    scorer = MathShepherdScorer(load_model("tiny-prm"))
+    lm = load_model("tiny-prm")
+    scorer, exact = MathShepherdScorer(lm), MathShepherdScorer(float64_copy(lm))
     exp = EXPECTED["tiny-prm"]
     for kind in ("good", "bad"):
-        scores = scorer.score_all(exp["question"], exp[f"{kind}_steps"])
-        assert scores == pytest.approx(exp[f"{kind}_scores"], abs=1e-4)
+        truth = torch.tensor(exact.score_all(exp["question"], exp[f"{kind}_steps"]))
+        with torch.no_grad():
+            logits = exact.lm.model(input_ids=torch.tensor([exact.tokens])).logits[0]  # [T, V]
+        tags = logits[torch.tensor(exact.tokens) == exact.tag][:, [exact.plus, exact.minus]]
+        ours = torch.tensor(scorer.score_all(exp["question"], exp[f"{kind}_steps"]))
+        # ours: a float32 forward, then a two-way softmax (p(+) moves by at most half the logits' error)
+        forward = tolerance(torch.float32, tags, forward_depth(lm.model.config) + softmax_depth(2))
+        assert_within(Gap(distance(ours, truth), forward, "a float32 forward and softmax"), "scores")
+        # the written ones: another float32 run of the same weights, SLACK x as far from float64 as ours at
+        # most, or the final softmax's own rounding (a machine whose forward happens to be exact)
+        written = torch.tensor(exp[f"{kind}_scores"])
+        assert_within(gap_to_reference(written, ours, truth, floor=tolerance(torch.float32, 1.0, softmax_depth(2))),
+                      "scores")
 
 
 def test_prm_on_the_drafts_own_steps():

@@ -22,6 +22,7 @@ from engine.rsd import decode_rsd
 from engine.runtime.cache import checkpoint, crop, restore, seq_length
 from engine.ssr import decode_ssr
 from tests.families import RECURRENT, SCALED_ROPE, SLIDING, SWITCH, family_model
+from tests.numeric import bug_id, expect, gap
 from tests.tiny import with_tokens
 
 SMALL = dict(max_think=16, max_answer=20, max_draft=14)
@@ -102,9 +103,18 @@ def test_rsd_plumbing(family):
 
 # ----------------------------------------------------------------------------- the runtime's rollbacks
 
+def _at(lm, tokens, cache, position):
+    """Logits ``[T, V]`` of ``tokens`` appended to ``cache`` (whatever it holds) at ``position``.."""
+    positions = torch.arange(position, position + len(tokens))[None]
+    return lm.forward(torch.tensor([tokens]), cache, seq_length(cache), positions=positions)[0]
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize("bug", [None, "rolled-back-too-far"], ids=bug_id)
 @pytest.mark.parametrize("family", ["qwen3.5-4b", "nemotron-h", "gemma-4-e4b-it"])
-def test_rollback_restores_the_exact_state(family):
-    """Feed, roll back, feed again: the logits equal a cache that never saw the rolled-back tokens."""
+def test_rollback_restores_the_exact_state(family, bug):
+    """Feed, roll back, feed again: the logits equal a cache that never saw the rolled-back tokens
+    (within rounding: ``tests.numeric``; the companion rolls back one token too far)."""
     lm = family_model(family)
     ids = lm.prompt_ids("hello world")
     straight, rolled = lm.new_cache(), lm.new_cache()
@@ -112,24 +122,26 @@ def test_rollback_restores_the_exact_state(family):
     lm.step_logits(ids[:20], rolled, 0)
     ckpt = checkpoint(rolled, 20)
     lm.step_logits(ids[20:27], rolled, 20)  # a verify that will be rejected past its first 2 tokens
-    lm.rewind(rolled, ckpt, ids[20:22])
+    lm.rewind(rolled, ckpt, ids[20:22] if bug is None else ids[20:21])
     lm.step_logits(ids[20:22], straight, 20)
-    assert seq_length(rolled) == seq_length(straight) == 22
+    assert seq_length(straight) == 22 and seq_length(rolled) == (22 if bug is None else 21)
     expected = lm.step_logits(ids[22:26], straight, 22)
-    assert torch.allclose(lm.step_logits(ids[22:26], rolled, 22), expected, atol=1e-10)
+    expect(gap(_at(lm, ids[22:26], rolled, 22), expected, lm), bug)
     restore(rolled, ckpt)  # a checkpoint stays valid after use
     assert seq_length(rolled) == 20
 
 
-def test_sliding_layers_keep_every_token_so_a_crop_past_the_window_works():
+@pytest.mark.numeric
+@pytest.mark.parametrize("bug", [None, "rolled-back-too-far"], ids=bug_id)
+def test_sliding_layers_keep_every_token_so_a_crop_past_the_window_works(bug):
     lm = family_model("mistral-window")  # window of 6
     cache = lm.new_cache()
     ids = lm.prompt_ids("hello world")
     lm.step_logits(ids[:25], cache, 0)
-    crop(cache, 12)
-    again = lm.step_logits(ids[12:20], cache, 12)
+    crop(cache, 12 if bug is None else 11)
+    again = _at(lm, ids[12:20], cache, 12)
     fresh = lm.new_cache()
-    assert torch.allclose(lm.step_logits(ids[:20], fresh, 0)[12:], again, atol=1e-10)
+    expect(gap(again, lm.step_logits(ids[:20], fresh, 0)[12:], lm), bug)
     assert not lm.layout.holes_ok and family_model("qwen3.5-4b").layout.kind == "recurrent"
 
 

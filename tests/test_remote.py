@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+import torch
 
 from engine.baseline import decode_baseline
 from engine.config import RunConfig
@@ -13,6 +14,7 @@ from engine.remote.client import BackendError, VllmClient
 from engine.remote.decode import decode_remote_baseline, decode_remote_ssr
 from engine.remote.model import RemoteModel, connect
 from tests.fake_vllm import FakeVllm
+from tests.numeric import forward_depth, softmax_depth, tolerance
 from tests.tiny import make_model
 
 PROMPTS = ["hello world", "class Garden: rose", "Start with 7. 7 plus 5"]
@@ -191,6 +193,7 @@ def test_the_bench_on_a_server_prints_the_usual_table(tmp_path, monkeypatch, cap
     assert code == 2 and "method 'hf' runs in process only" in capsys.readouterr().err
 
 
+@pytest.mark.numeric
 def test_a_prm_on_a_server_scores_as_in_process():
     """The math-shepherd PRM served with STEP pooling gives the in-process PRM's rewards, so RSD
     with all three models on servers keeps the same steps."""
@@ -206,7 +209,11 @@ def test_a_prm_on_a_server_scores_as_in_process():
     for scorer in (here_prm, served):
         scorer.start("What is 7 plus 5?")
         scorer.commit("7 plus 5 is 12.")
-    assert served.score("The result is 12.") == pytest.approx(here_prm.score("The result is 12."), abs=1e-6)
+    # float64 forwards both (the server's from scratch, ours cached), then a two-way softmax in float64 there
+    # and in float32 here; scale 1: this scale-1 model's "+"/"-" logits are below 1 (0.27 measured)
+    bound = (tolerance(torch.float64, 1.0, forward_depth(prm_lm.model.config))
+             + tolerance(torch.float32, 1.0, softmax_depth(2)))
+    assert served.score("The result is 12.") == pytest.approx(here_prm.score("The result is 12."), abs=bound)
     target, draft = make_model("llama", seed=1, init_scale=2.0), make_model("qwen2", seed=2, init_scale=2.0)
     cfg = RunConfig(max_think=40, max_answer=20, max_step_tokens=12, threshold=0.5)
     here = final(decode_rsd(target, draft, here_prm, "Start with 7", cfg))

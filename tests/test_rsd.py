@@ -13,6 +13,7 @@ from engine.cached import CachedModel
 from engine.config import RunConfig
 from engine.prm import MathShepherdScorer, TargetLikelihoodScorer
 from engine.rsd import decode_rsd
+from tests.numeric import MARGIN, forward_depth, softmax_depth, tolerance
 from tests.tiny import make_model, make_tokenizer
 
 CFG = dict(max_think=30, max_answer=10, max_step_tokens=5, max_steps=8)
@@ -70,6 +71,12 @@ def trio():
             make_model("llama", seed=3))
 
 
+def _two_way(logits: torch.Tensor, prm: MathShepherdScorer) -> float:
+    """p(+) from a row of logits, as the scorer reads it (a float32 softmax over "+" and "-")."""
+    return float(torch.softmax(logits[[prm.plus, prm.minus]].float(), -1)[0])
+
+
+@pytest.mark.numeric
 def test_math_shepherd_scores_in_unit_interval_and_incrementally():
     prm = MathShepherdScorer(trio()[2])
     prm.start("What is 7 plus 5?")
@@ -81,9 +88,13 @@ def test_math_shepherd_scores_in_unit_interval_and_incrementally():
     tok = prm.lm.tokenizer
     ids = prm.tokens + tok.encode("\nThe result is \\boxed{12}. ки", add_special_tokens=False)
     with torch.no_grad():
-        logits = prm.lm.model(torch.tensor([ids])).logits[0, -1]
-    fresh = torch.softmax(logits[[prm.plus, prm.minus]].float(), -1)[0]
-    assert ids[-1] == prm.tag and second == pytest.approx(float(fresh), abs=1e-9)
+        logits = prm.lm.model(torch.tensor([ids])).logits[0]  # [T, V]
+    # two float64 forwards (cached, from scratch), then a float32 two-way softmax of each
+    pair = logits[-1, [prm.plus, prm.minus]]
+    bound = (tolerance(torch.float64, pair, forward_depth(prm.lm.model.config))
+             + tolerance(torch.float32, pair, softmax_depth(2)))
+    assert ids[-1] == prm.tag and second == pytest.approx(_two_way(logits[-1], prm), abs=bound)
+    assert abs(second - _two_way(logits[-2], prm)) > MARGIN * bound  # the companion: read one token early, caught
     # piece-by-piece encoding equals encoding math-shepherd's whole input at once
     whole = tok.encode("What is 7 plus 5? 7 plus 5 is 12. ки\nThe result is \\boxed{12}. ки", add_special_tokens=False)
     assert ids == whole
@@ -97,6 +108,7 @@ def test_prm_without_step_tag_does_not_fit():
         MathShepherdScorer(lm)
 
 
+@pytest.mark.numeric
 def test_target_likelihood_is_mean_token_probability():
     target = CachedModel(trio()[0])
     seq, step = [5, 6, 7], [8, 9]
@@ -105,7 +117,14 @@ def test_target_likelihood_is_mean_token_probability():
         logits = trio()[0].model(torch.tensor([seq + step])).logits[0]
     probs = torch.softmax(logits.float(), -1)
     expected = (probs[2, 8] + probs[3, 9]) / 2
-    assert score == pytest.approx(float(expected), abs=1e-9) and target.length == len(seq)
+    # two float64 forwards, then a float32 softmax over the vocabulary and a mean of two (2 roundings); a
+    # softmax's errors are relative to each probability: |dp| <= p (2 |dz| + its own roundings)
+    p = float(probs[[2, 3], [8, 9]].max())
+    bound = p * (2 * tolerance(torch.float64, logits, forward_depth(trio()[0].model.config))
+                 + tolerance(torch.float32, logits, softmax_depth(logits.shape[-1]) + 2))
+    assert score == pytest.approx(float(expected), abs=bound) and target.length == len(seq)
+    early = (probs[1, 8] + probs[2, 9]) / 2  # the companion: each token's prediction read one position early
+    assert abs(score - float(early)) > MARGIN * bound
 
 
 # ----------------------------------------------------------------------------- the loop
