@@ -17,8 +17,10 @@ import torch
 
 from engine.synthetic import EVAL_SEED_BASE, check, make_arithmetic_example, make_example
 from engine.training.data import corrupted_steps, prompt_text
+from engine.training.specs import SPECS
 from engine.model import LoadedModel
 from engine.prm import MathShepherdScorer
+from engine.presets import BUNDLED_DIR
 
 
 @torch.inference_mode()
@@ -129,7 +131,6 @@ def known_outputs(models_dir) -> dict:
 def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
 
-    from engine.training.train import MODELS, SPECS  # noqa: PLC0415
 
     ap = argparse.ArgumentParser(prog="python -m engine.training.evaluate")
     ap.add_argument("--n", type=int, default=100)
@@ -137,17 +138,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--write-expected", default=None, help="write the bundled models' known outputs here and stop")
     args = ap.parse_args(argv)
     if args.write_expected:
-        Path(args.write_expected).write_text(json.dumps(known_outputs(MODELS), indent=1))
+        Path(args.write_expected).write_text(json.dumps(known_outputs(BUNDLED_DIR), indent=1))
         print(f"wrote {args.write_expected}")
         return
     results = {}
     for name in args.models.split(","):
-        path = MODELS / name
+        path = BUNDLED_DIR / name
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
         results[name] = accuracy(model, tokenizer, SPECS[name].kind, n=args.n)
         if SPECS[name].kind == "prm":
-            draft = MODELS / "tiny-reasoner-draft"
+            draft = BUNDLED_DIR / "tiny-reasoner-draft"
             results[name]["draft_steps_auroc"] = draft_steps_auroc(
                 model, tokenizer, AutoModelForCausalLM.from_pretrained(draft, dtype=torch.float32).eval(),
                 AutoTokenizer.from_pretrained(draft), args.n)

@@ -23,7 +23,6 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +30,8 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from engine.presets import BUNDLED_DIR
 from engine.training.data import IGNORE, prm_tokenizer_corpus, sample_sequence, tokenizer_corpus
+from engine.training.evaluate import accuracy
+from engine.training.specs import SPECS
 from engine.training.tokenizer import build_prm_tokenizer, build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,26 +39,6 @@ MODELS = BUNDLED_DIR
 BUILD = ROOT / "build" / "train"
 
 
-class Spec(NamedTuple):
-    kind: str  # the data it trains on: "target", "draft" or "prm"
-    arch: dict
-    rows: int  # rows of ROW_LEN packed tokens per batch
-    peak_lr: float
-    total: int  # steps planned (the schedule's length)
-    warmup: int = 300
-    verdict_weight: float = 1.0  # loss weight of the PRM's + / - targets against its LM targets
-
-
-SPECS = {
-    "tiny-reasoner": Spec("target", dict(hidden_size=192, num_hidden_layers=6, num_attention_heads=6,
-                                         num_key_value_heads=3, intermediate_size=576), 12, 2e-3, 6500),
-    "tiny-reasoner-draft": Spec("draft", dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
-                                              num_key_value_heads=3, intermediate_size=288), 8, 3e-3, 2200),
-    # deeper and narrower than the draft (its word-level vocabulary is small), same size budget
-    "tiny-prm": Spec("prm", dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
-                                 num_key_value_heads=4, intermediate_size=192), 8, 2e-3, 27000,
-                     warmup=200, verdict_weight=3.0),
-}
 REWARM = 100  # steps of warm-up after resuming without the optimizer state
 ROW_LEN = 512  # sequences (all under 500 tokens) are packed into rows this long, each attending only to
 # itself; 512 rather than 1024 makes a step ~20% cheaper for the same tokens (attention is quadratic in it).
@@ -206,8 +187,6 @@ def main(argv: list[str] | None = None) -> None:
     model.train()
     start = last_save = time.time()
     losses = []
-    from engine.training.evaluate import accuracy  # noqa: PLC0415 (evaluation pulls in the engine)
-
     stop = []  # SIGTERM / SIGINT: finish the step, save, exit (a session ending must not lose work)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(True))
