@@ -16,7 +16,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from engine.acceptance import check_params
+from engine.methods.rsd.acceptance import check_params
 from engine.runtime.compiled import COMPILE_MODES
 
 MAX_COUNT = 1_000_000  # an upper bound on every token count and interval (far beyond any model's context)

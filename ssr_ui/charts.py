@@ -154,7 +154,7 @@ def rsd_by_threshold(rows: list[dict]) -> go.Figure:
     if len(xs) == 1:  # one point: a readable axis around it, not a hair-thin range
         fig.update_xaxes(range=[xs[0] - 0.1, xs[0] + 0.1])
     if all(a is None for a in acc):
-        fig.add_annotation(text="accuracy needs runs with a reference answer (engine.bench --db)", x=0, y=1.02,
+        fig.add_annotation(text="accuracy needs runs with a reference answer (engine.tools.bench --db)", x=0, y=1.02,
                            xref="paper", yref="paper", showarrow=False, xanchor="left",
                            font=dict(size=11, color="#6b7280"))
     return fig

@@ -23,17 +23,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.agreement import agreement
+from engine.tools.agreement import agreement
 from engine.config import RunConfig, number
 from engine.events import DoneEvent, RunStats
-from engine.methods import decoder
-from engine.model import LoadedModel, ModelLoadError, SSRUnsupportedError, load_model
+from engine.registry import decoder
+from engine.runtime.model import LoadedModel, ModelLoadError, SSRUnsupportedError, load_model
 from engine.presets import provenance, recommended_settings
-from engine.prm import make_scorer
+from engine.methods.rsd.prm import make_scorer
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel, connect
 from engine.remote.prm import connect_prm
-from engine.rsd import check_pair
+from engine.methods.rsd.loop import check_pair
 from engine.runlog import RunLog, RunLogError, RunMeta, prompt_hash
 from ssr_ui import charts
 from ssr_ui.jobs import Job, Jobs, json_object

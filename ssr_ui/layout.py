@@ -15,11 +15,11 @@ from functools import partial
 
 import gradio as gr
 
-from engine.acceptance import WEIGHTINGS
-from engine.methods import METHODS
+from engine.methods.rsd.acceptance import WEIGHTINGS
+from engine.registry import METHODS
 from engine.presets import BUNDLED, PRESETS
 from engine.runtime.compiled import COMPILE_MODES
-from engine.synthetic import EVAL_SEED_BASE, make_example
+from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 from ssr_ui import charts
 from ssr_ui.handlers import COMPARE_SHOWS, MODES, Studio
 from ssr_ui.jobs import current_event_id

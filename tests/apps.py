@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ssr_ui.screenshots import wait_for_port
+from ssr_ui.tools.screenshots import wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

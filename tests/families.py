@@ -14,7 +14,7 @@ import functools
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.model import LoadedModel, find_markers
+from engine.runtime.model import LoadedModel, find_markers
 from tests.tiny import make_tokenizer
 
 SWITCH = 40  # where position-scaled RoPE changes its frequencies: a short prompt (22 tokens) runs past it

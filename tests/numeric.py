@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from engine.model import LoadedModel
+from engine.runtime.model import LoadedModel
 
 # Sequential rounding steps of one decoder layer: two norms, q/k/v/o, scores, softmax, the weighted
 # sum, two or three MLP matmuls, two residual adds.

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from engine import bench
-from engine.model import ModelLoadError, load_model
+from engine.tools import bench
+from engine.runtime.model import ModelLoadError, load_model
 from engine.runlog import RunLog
 from tests.tiny import make_model
 
@@ -98,10 +98,10 @@ def test_missing_models_name_the_id(tmp_path, monkeypatch):
 
 
 def test_model_without_markers_plain_works_ssr_explains(model_dir, tmp_path):
-    from engine.baseline import decode_baseline
+    from engine.methods.baseline import decode_baseline
     from engine.config import RunConfig
-    from engine.model import SSRUnsupportedError
-    from engine.ssr import decode_ssr
+    from engine.runtime.model import SSRUnsupportedError
+    from engine.methods.ssr.loop import decode_ssr
 
     lm = load_model(str(model_dir))
     lm.markers = None
@@ -152,7 +152,7 @@ def test_bench_rsd_bad_input(rsd_dirs, prompts, tmp_path, capsys):
 
 
 def test_rsd_threshold_sweep(rsd_dirs, tmp_path, capsys):
-    from engine import rsd_sweep
+    from engine.tools import rsd_sweep
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "prompt": "Start with 7", "reference": "12", "suite": "arithmetic"}\n')
@@ -180,9 +180,9 @@ def test_bundled_model_gets_its_tuned_settings_by_name_or_folder():
 
 def test_hf_static_peer_equals_our_plain_loop():
     """generate() with the static cache, as a transformers user picks it for speed, on a tiny model."""
-    from engine.baseline import decode_baseline
+    from engine.methods.baseline import decode_baseline
     from engine.config import RunConfig
-    from engine.methods import decoder
+    from engine.registry import decoder
     from tests.tiny import make_model
 
     lm = make_model("qwen3", init_scale=3.0)
@@ -195,7 +195,7 @@ def test_hf_static_peer_equals_our_plain_loop():
 def test_random_weights_build_a_presets_architecture_offline():
     import pytest
 
-    from engine.model import ModelLoadError, random_weights_model
+    from engine.runtime.model import ModelLoadError, random_weights_model
 
     lm = random_weights_model("deepseek-r1-distill-qwen-1.5b", "cpu", num_hidden_layers=1, hidden_size=48,
                               intermediate_size=96, num_attention_heads=4, num_key_value_heads=2)
@@ -209,7 +209,7 @@ def test_random_weights_build_a_presets_architecture_offline():
 def main_exit(args):
     import tempfile
 
-    from engine import bench
+    from engine.tools import bench
 
     folder = tempfile.mkdtemp()
     prompts = f"{folder}/p.jsonl"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.baseline import decode_baseline
+from engine.methods.baseline import decode_baseline
 from engine.config import RunConfig
-from engine.model import load_model
+from engine.runtime.model import load_model
 from engine.training.evaluate import KNOWN_BUDGET
 from tests.numeric import (
     Gap,
@@ -49,7 +49,7 @@ def test_known_greedy_output(name):
 def test_known_prm_scores():
     """Our scores and the written ones (a float32 run on whichever CPU wrote them) are each within
     float32's rounding of the same weights' scores in float64."""
-    from engine.prm import MathShepherdScorer
+    from engine.methods.rsd.prm import MathShepherdScorer
 
     lm = load_model("tiny-prm")
     scorer, exact = MathShepherdScorer(lm), MathShepherdScorer(float64_copy(lm))

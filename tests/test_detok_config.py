@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine.config import RunConfig
-from engine.detok import IncrementalDetokenizer
-from engine.ssr import decode_ssr
+from engine.methods.detok import IncrementalDetokenizer
+from engine.methods.ssr.loop import decode_ssr
 from tests.tiny import make_model, make_tokenizer
 
 TEXTS = ["héllo wörld naïve café", "😀 日本語 and 🙂🙃", "class Garden:\n    def __init__(self):", "a\u0301 ≠ á"]

@@ -13,11 +13,11 @@ import functools
 import pytest
 import torch
 
-from engine.agreement import agreement
-from engine.baseline import decode_baseline
+from engine.tools.agreement import agreement
+from engine.methods.baseline import decode_baseline
 from engine.config import RunConfig
-from engine.gpu_check import logits_beside as _logits
-from engine.ssr import decode_ssr
+from engine.tools.gpu_check import logits_beside as _logits
+from engine.methods.ssr.loop import decode_ssr
 from tests.tiny import make_model
 
 ARCHS = ("llama", "qwen3")
@@ -85,7 +85,7 @@ def test_gpu_check_runs_on_the_cpu(tmp_path):
     """The one-command numerics check (run on an H200 by whoever has one) works here, smaller."""
     import json
 
-    from engine import gpu_check
+    from engine.tools import gpu_check
 
     out = tmp_path / "check.json"
     assert gpu_check.main(["--device", "cpu", "--prompts", "2", "--tokens", "12", "--bundled-prompts", "1",

@@ -15,12 +15,12 @@ import functools
 import pytest
 import torch
 
-from engine.baseline import decode_baseline
+from engine.methods.baseline import decode_baseline
 from engine.config import RunConfig
-from engine.prm import MathShepherdScorer
-from engine.rsd import decode_rsd
+from engine.methods.rsd.prm import MathShepherdScorer
+from engine.methods.rsd.loop import decode_rsd
 from engine.runtime.cache import checkpoint, crop, restore, seq_length
-from engine.ssr import decode_ssr
+from engine.methods.ssr.loop import decode_ssr
 from tests.families import RECURRENT, SCALED_ROPE, SLIDING, SWITCH, family_model
 from tests.numeric import bug_id, expect, gap
 from tests.tiny import with_tokens

@@ -8,7 +8,7 @@ import httpx
 import pytest
 import torch
 
-from engine.baseline import decode_baseline
+from engine.methods.baseline import decode_baseline
 from engine.config import RunConfig
 from engine.remote.client import BackendError, VllmClient
 from engine.remote.decode import decode_remote_baseline, decode_remote_ssr
@@ -114,7 +114,7 @@ def test_wrong_model_name_and_unsupported_settings(lm):
 
 
 def test_connect_loads_the_tokenizer_and_checks_the_server():
-    from engine.model import load_model  # noqa: PLC0415
+    from engine.runtime.model import load_model  # noqa: PLC0415
 
     lm = load_model("tiny-reasoner", device="cpu")
     server = FakeVllm(lm, name="tiny-reasoner")
@@ -127,7 +127,7 @@ def test_connect_loads_the_tokenizer_and_checks_the_server():
 
 
 def test_the_studio_runs_the_default_model_on_the_server(tmp_path):
-    from engine.model import load_model  # noqa: PLC0415
+    from engine.runtime.model import load_model  # noqa: PLC0415
     from ssr_ui.handlers import Studio  # noqa: PLC0415
 
     server = FakeVllm(load_model("tiny-reasoner", device="cpu"), name="tiny-reasoner")
@@ -150,8 +150,8 @@ def test_the_studio_runs_the_default_model_on_the_server(tmp_path):
 def test_rsd_with_its_models_on_servers_equals_in_process(where, scorer):
     """RSD whose target (and draft) are on servers: the same steps, verdicts and tokens as in
     process (the PRM in process, or the target-likelihood reward from the target's server)."""
-    from engine.prm import MathShepherdScorer  # noqa: PLC0415
-    from engine.rsd import decode_rsd  # noqa: PLC0415
+    from engine.methods.rsd.prm import MathShepherdScorer  # noqa: PLC0415
+    from engine.methods.rsd.loop import decode_rsd  # noqa: PLC0415
 
     target, draft = make_model("llama", seed=1, init_scale=2.0), make_model("qwen2", seed=2, init_scale=2.0)
     prm = MathShepherdScorer(make_model("llama", seed=3)) if scorer == "prm" else scorer
@@ -169,8 +169,8 @@ def test_rsd_with_its_models_on_servers_equals_in_process(where, scorer):
 def test_the_bench_on_a_server_prints_the_usual_table(tmp_path, monkeypatch, capsys):
     import json  # noqa: PLC0415
 
-    from engine import bench  # noqa: PLC0415
-    from engine.model import load_model  # noqa: PLC0415
+    from engine.tools import bench  # noqa: PLC0415
+    from engine.runtime.model import load_model  # noqa: PLC0415
     from engine.remote import model as remote_model  # noqa: PLC0415
 
     server = FakeVllm(load_model("tiny-reasoner", device="cpu"), name="tiny-reasoner")
@@ -197,10 +197,10 @@ def test_the_bench_on_a_server_prints_the_usual_table(tmp_path, monkeypatch, cap
 def test_a_prm_on_a_server_scores_as_in_process():
     """The math-shepherd PRM served with STEP pooling gives the in-process PRM's rewards, so RSD
     with all three models on servers keeps the same steps."""
-    from engine.model import load_model  # noqa: PLC0415
-    from engine.prm import MathShepherdScorer  # noqa: PLC0415
+    from engine.runtime.model import load_model  # noqa: PLC0415
+    from engine.methods.rsd.prm import MathShepherdScorer  # noqa: PLC0415
     from engine.remote.prm import ServedPRMScorer, connect_prm  # noqa: PLC0415
-    from engine.rsd import decode_rsd  # noqa: PLC0415
+    from engine.methods.rsd.loop import decode_rsd  # noqa: PLC0415
 
     prm_lm = make_model("llama", seed=3)
     here_prm = MathShepherdScorer(prm_lm)
@@ -235,7 +235,7 @@ def test_the_backend_flag_and_the_url_agree(tmp_path, capsys):
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    from engine import bench  # noqa: PLC0415
+    from engine.tools import bench  # noqa: PLC0415
     from tests.apps import ROOT  # noqa: PLC0415
 
     prompts = tmp_path / "p.jsonl"

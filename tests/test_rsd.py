@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from engine.acceptance import WEIGHTINGS, accept, check_params, weight
-from engine.cached import CachedModel
+from engine.methods.rsd.acceptance import WEIGHTINGS, accept, check_params, weight
+from engine.runtime.cached import CachedModel
 from engine.config import RunConfig
-from engine.prm import MathShepherdScorer, TargetLikelihoodScorer
-from engine.rsd import decode_rsd
+from engine.methods.rsd.prm import MathShepherdScorer, TargetLikelihoodScorer
+from engine.methods.rsd.loop import decode_rsd
 from tests.numeric import MARGIN, forward_depth, softmax_depth, tolerance
 from tests.tiny import make_model, make_tokenizer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.events import StepEvent
-from engine.rsd_breakdown import classify, wilson
+from engine.tools.rsd_breakdown import classify, wilson
 
 REF = ("Start with 5.", "5 plus 3 is 8.", "8 times 2 is 16.", "The result is \\boxed{16}.")
 

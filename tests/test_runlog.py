@@ -9,9 +9,9 @@ import pytest
 
 from engine.config import RunConfig
 from engine.events import RunStats
-from engine import runlog
+from engine.runlog import store
 from engine.runlog import SCHEMA_VERSION, RunLog, RunLogError, RunMeta
-from engine.ssr import decode_ssr
+from engine.methods.ssr.loop import decode_ssr
 from tests.tiny import make_model
 
 CFG = RunConfig(max_think=10, draft_start=2, max_draft=6, max_answer=8)
@@ -127,14 +127,14 @@ def test_a_save_is_one_transaction(tmp_path, lm, monkeypatch):
     """A failure between the run row and its events leaves nothing behind."""
     log = RunLog(tmp_path / "runs.db")
     events = list(decode_ssr(lm, "hello world", CFG))
-    real = runlog._event_values
+    real = store.event_values  # the row of each event, as the store writes it
 
     def failing(run_id, seq, ev):
         if seq == 3:
             raise sqlite3.OperationalError("disk full (injected)")
         return real(run_id, seq, ev)
 
-    monkeypatch.setattr(runlog, "_event_values", failing)
+    monkeypatch.setattr(store, "event_values", failing)
     with pytest.raises(RunLogError, match="run not saved.*disk full"):
         log.save(RunMeta("ssr", "m", "hello world"), events, "ok")
     conn = sqlite3.connect(tmp_path / "runs.db")

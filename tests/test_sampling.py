@@ -13,11 +13,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from engine import sampling
-from engine.baseline import decode_baseline
+from engine.methods import sampling
+from engine.methods.baseline import decode_baseline
 from engine.config import RunConfig
-from engine.sampling import target_probs, verify_sampled
-from engine.ssr import decode_ssr
+from engine.methods.sampling import target_probs, verify_sampled
+from engine.methods.ssr.loop import decode_ssr
 from tests.tiny import make_model
 
 

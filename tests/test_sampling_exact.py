@@ -21,10 +21,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from engine import proposers, sampling
+from engine.methods import sampling
+from engine.methods.ssr import proposers
 from engine.config import RunConfig
-from engine.sampling import target_probs
-from engine.ssr import decode_ssr
+from engine.methods.sampling import target_probs
+from engine.methods.ssr.loop import decode_ssr
 from tests.tiny import make_small_vocab_model
 
 PROMPT = "a b c"

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.baseline import decode_baseline
+from engine.methods.baseline import decode_baseline
 from engine.config import RunConfig
-from engine.ssr import decode_ssr
+from engine.methods.ssr.loop import decode_ssr
 from tests.tiny import ARCHS, current_token_only, make_model, position_only, with_tokens
 
 PROMPTS = ["hello world", "class Garden: rose", "Start with 7. 7 plus 5", "héllo 😀 日本語 the lazy dog"]
@@ -170,7 +170,7 @@ def test_reasoning_lookup_with_holes_is_exact(arch, monkeypatch):
     """Rows that speculate while drafts ride take different numbers of tokens per step; the slots
     a row rejected become holes its mask hides. Greedy output must not change, and holes must
     really occur (else this test would prove nothing)."""
-    from engine import ssr as ssr_mod
+    from engine.methods.ssr import loop as ssr_mod
 
     holes = []
     keep = ssr_mod._Batch.keep

@@ -17,12 +17,12 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from engine.baseline import decode_baseline
+from engine.methods.baseline import decode_baseline
 from engine.config import RunConfig
 from engine.runtime.cache import cache_mb, checkpoint, compact, crop, seq_length, take_rows
 from engine.runtime.compiled import BUCKETS, CompiledSteps, bucket, compile_reason
 from engine.runtime.static import SlotCache, SlotLayer
-from engine.ssr import decode_ssr
+from engine.methods.ssr.loop import decode_ssr
 from tests.families import family_model
 from tests.numeric import Gap, bug_id, expect, float64_copy, gap, gap_to_reference
 from tests.tiny import make_model
@@ -303,7 +303,7 @@ def test_compile_time_is_spent_before_the_run_and_reported_apart(eager_compiled,
     reads less than one of them, whatever the machine's speed; counting them would read 700+."""
     lm = eager_compiled(make_model("llama", seed=3, style="open"))
     clock = FakeClock()
-    monkeypatch.setattr("engine.recorder.time", clock)
+    monkeypatch.setattr("engine.methods.recorder.time", clock)
     monkeypatch.setattr("engine.runtime.compiled.time", clock)
     steps, traced = lm._steps, lm._steps._fn
 
@@ -351,9 +351,9 @@ def test_inductor_compiles_plain_decoding_on_the_cpu():
 def test_gpu_check_times_compiled_against_eager_steps(monkeypatch):
     import functools
 
-    from engine import gpu_check
+    from engine.tools import gpu_check
 
-    monkeypatch.setattr("engine.model.CompiledSteps", functools.partial(CompiledSteps, backend="eager"))
+    monkeypatch.setattr("engine.runtime.model.CompiledSteps", functools.partial(CompiledSteps, backend="eager"))
     monkeypatch.setattr("engine.runtime.compiled.shutil.which", lambda _: "/usr/bin/c++")
     out = gpu_check.compiled_vs_eager(torch.device("cpu"), 1)
     assert set(out) == {"short (100 + 50)", "tuned", "compile_s", "shapes"} and out["shapes"] >= len(BUCKETS)
@@ -364,8 +364,8 @@ def test_gpu_check_times_compiled_against_eager_steps(monkeypatch):
 def test_compiled_rsd_is_token_for_token_the_same(eager_compiled, scorer):
     """RSD with both writers compiled (each with its own fixed cache, the PRM eager): the same
     steps, verdicts and tokens as with eager steps."""
-    from engine.prm import MathShepherdScorer  # noqa: PLC0415
-    from engine.rsd import decode_rsd  # noqa: PLC0415
+    from engine.methods.rsd.prm import MathShepherdScorer  # noqa: PLC0415
+    from engine.methods.rsd.loop import decode_rsd  # noqa: PLC0415
 
     target = eager_compiled(make_model("llama", seed=1, init_scale=2.0))
     draft = eager_compiled(make_model("qwen2", seed=2, init_scale=2.0))

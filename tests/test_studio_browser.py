@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.synthetic import EVAL_SEED_BASE, make_example
+from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 from tests.apps import ROOT, launched
 
 CHROMIUM = "/usr/bin/chromium"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.suffix_index import SuffixIndex
+from engine.methods.ssr.suffix_index import SuffixIndex
 
 # (sources in priority order, cursors, context, min_match, max_tokens, expected (source, start, length, tokens) or None)
 ROWS = [
@@ -72,7 +72,7 @@ def test_min_match_must_be_positive():
 
 
 def test_spec_factor_caps_a_proposal_by_its_match_length():
-    from engine.proposers import SuffixProposer
+    from engine.methods.ssr.proposers import SuffixProposer
 
     idx = SuffixIndex(2)
     idx.extend("d", [1, 2, 3, 4, 5, 6, 7, 8, 9])

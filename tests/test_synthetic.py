@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from engine.synthetic import EVAL_SEED_BASE, check, extract_code, last_boxed, main, make_example
+from engine.tools.synthetic import EVAL_SEED_BASE, check, extract_code, last_boxed, main, make_example
 from engine.training.data import corrupted_steps, truncated_class_example
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.synthetic import make_arithmetic_example
+from engine.tools.synthetic import make_arithmetic_example
 from engine.training.data import IGNORE, corrupted_steps, prm_sequence, prm_text, prm_tokenizer_corpus
 from engine.training.tokenizer import STEP_TAG, build_prm_tokenizer
 from engine.training.train import weighted_loss

@@ -6,7 +6,7 @@ import pytest
 
 from engine.config import RunConfig
 from engine.events import PhaseEvent, TokenEvent
-from engine.ssr import decode_ssr
+from engine.methods.ssr.loop import decode_ssr
 from ssr_ui import charts
 from ssr_ui.handlers import Studio
 from ssr_ui.render import TraceView, metrics_html
@@ -49,7 +49,7 @@ def test_fork_marker_sits_in_the_reasoning():
 
 @pytest.fixture
 def studio(tmp_path):
-    from engine.prm import MathShepherdScorer
+    from engine.methods.rsd.prm import MathShepherdScorer
 
     s = Studio("tiny", db=str(tmp_path / "runs.db"))
     s._models["tiny"] = make_model("llama", init_scale=3.0)

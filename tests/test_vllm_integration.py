@@ -23,13 +23,13 @@ import httpx
 import pytest
 import torch
 
-from engine.baseline import decode_baseline
+from engine.methods.baseline import decode_baseline
 from engine.config import RunConfig
-from engine.model import load_model
+from engine.runtime.model import load_model
 from engine.presets import BUNDLED_DIR
 from engine.remote.decode import decode_remote_baseline, decode_remote_ssr
 from engine.remote.model import connect
-from engine.synthetic import EVAL_SEED_BASE, make_example
+from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 from tests.apps import free_port
 from tests.numeric import forward_depth, softmax_depth, tolerance
 
@@ -81,7 +81,7 @@ def prm(tmp_path_factory):
 
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
 
-    from engine.prm import STEP_TAG, _single_token  # noqa: PLC0415
+    from engine.methods.rsd.prm import STEP_TAG, _single_token  # noqa: PLC0415
 
     folder = tmp_path_factory.mktemp("prm64")
     tok = AutoTokenizer.from_pretrained(BUNDLED_DIR / "tiny-prm")
@@ -124,8 +124,8 @@ def test_a_fork_reads_the_main_requests_prefix_from_the_cache(server):
 
 
 def test_rsd_with_its_target_on_the_server_runs_as_in_process(server):
-    from engine.prm import make_scorer  # noqa: PLC0415
-    from engine.rsd import decode_rsd  # noqa: PLC0415
+    from engine.methods.rsd.prm import make_scorer  # noqa: PLC0415
+    from engine.methods.rsd.loop import decode_rsd  # noqa: PLC0415
 
     target, draft = load_model("tiny-reasoner", device="cpu"), load_model("tiny-reasoner-draft", device="cpu")
     rm = connect("tiny-reasoner", server)
@@ -140,9 +140,9 @@ def test_rsd_with_its_target_on_the_server_runs_as_in_process(server):
 
 @pytest.mark.numeric
 def test_a_prm_on_pooling_scores_as_in_process_and_rsd_runs_on_three_servers(server, prm):
-    from engine.prm import MathShepherdScorer  # noqa: PLC0415
+    from engine.methods.rsd.prm import MathShepherdScorer  # noqa: PLC0415
     from engine.remote.prm import connect_prm  # noqa: PLC0415
-    from engine.rsd import decode_rsd  # noqa: PLC0415
+    from engine.methods.rsd.loop import decode_rsd  # noqa: PLC0415
 
     folder, url = prm
     here, there = MathShepherdScorer(load_model(str(folder), device="cpu")), connect_prm(str(folder), url)

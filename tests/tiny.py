@@ -22,7 +22,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from engine.model import LoadedModel, find_markers
+from engine.runtime.model import LoadedModel, find_markers
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 

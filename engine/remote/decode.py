@@ -8,7 +8,7 @@ the template tail are appended, as in process), then the answer is a second one.
 request (the question, the reasoning so far and the end-of-thinking marker), streamed beside the
 main one and batched with it by the server, which also shares their prefix in its cache (the
 paper's own vLLM method). A draft still streaming when the reasoning ends keeps what it has.
-Phase B is SSR's own answer loop (``engine.ssr``) over :class:`RemoteState`, whose ``verify`` sends
+Phase B is SSR's own answer loop (``engine.methods.ssr.loop``) over :class:`RemoteState`, whose ``verify`` sends
 the candidate tokens in one request with ``prompt_logprobs`` (the rank-1 token at each position is
 the greedy one); with nothing to verify it asks for the next token with a plain request, which
 reads the server's prefix cache. A verify re-prefills its prompt on the server (vLLM skips the
@@ -27,13 +27,13 @@ from collections.abc import Iterator
 
 from engine.config import RunConfig
 from engine.events import Event
-from engine.proposers import Draft
-from engine.recorder import Recorder
+from engine.methods.ssr.proposers import Draft
+from engine.methods.recorder import Recorder
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel
-from engine.sampling import accept_greedy
-from engine.ssr import _answer, _fork_at, take_draft_token
-from engine.suffix_index import SuffixIndex
+from engine.methods.sampling import accept_greedy
+from engine.methods.ssr.loop import _answer, _fork_at, take_draft_token
+from engine.methods.ssr.suffix_index import SuffixIndex
 
 
 def decode_remote_baseline(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.model import ModelLoadError, SSRUnsupportedError, ThinkMarkers, chat_prompt_ids, find_markers, resolve_model_path
+from engine.runtime.model import ModelLoadError, SSRUnsupportedError, ThinkMarkers, chat_prompt_ids, find_markers, resolve_model_path
 from engine.remote.client import VllmClient
 
 

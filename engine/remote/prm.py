@@ -1,4 +1,4 @@
-"""A math-shepherd-format PRM on a vLLM server: the same input as in process (``engine.prm``), the
+"""A math-shepherd-format PRM on a vLLM server: the same input as in process (``engine.methods.rsd.prm``), the
 score at each step tag computed by the server's STEP pooling. Serve it as a two-way classifier
 read from the LM head's "-" and "+" rows (p(+) = softmax over the two), pooled at the step tag:
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import time
 
-from engine.model import resolve_model_path
-from engine.prm import STEP_TAG, MathShepherdScorer, _single_token
+from engine.runtime.model import resolve_model_path
+from engine.methods.rsd.prm import STEP_TAG, MathShepherdScorer, _single_token
 from engine.remote.client import BackendError, VllmClient
 
 

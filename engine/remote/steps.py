@@ -1,4 +1,4 @@
-"""RSD's step writer on a vLLM server: the same methods as ``engine.rsd.LocalWriter``.
+"""RSD's step writer on a vLLM server: the same methods as ``engine.methods.rsd.loop.LocalWriter``.
 
 A step is one streamed request with ``logprobs: 1`` (the confidence is the probability of the
 step's least likely token, as in process, from the model's own log-probabilities); the step
@@ -14,7 +14,7 @@ import time
 
 from engine.config import RunConfig
 from engine.remote.model import RemoteModel
-from engine.rsd import STEP_DELIMITER
+from engine.methods.rsd.loop import STEP_DELIMITER
 
 
 class RemoteWriter:

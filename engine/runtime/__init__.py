@@ -1,3 +1,5 @@
-"""The runtime layer under the decode loops: caches of every kind (full, sliding-window,
-recurrent; forks, rollbacks, holes) and the RoPE policy. A method never asks which kind of
-cache or rotary embedding its model has."""
+"""The runtime layer under the decode loops: the loaded model and its forwards (``model``), a
+model with its own cache and cost counters (``cached``), caches of every kind (``cache``: full,
+sliding-window, recurrent; forks, rollbacks, holes; ``static``: preallocated slots), compiled
+fixed-shape steps (``compiled``), exact mode's batch-invariant kernels (``exact``) and the RoPE
+policy (``rope``). The loops that call it are in ``engine.methods``."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from engine.synthetic import EVAL_SEED_BASE, Example, make_arithmetic_example, make_class_example
+from engine.tools.synthetic import EVAL_SEED_BASE, Example, make_arithmetic_example, make_class_example
 from engine.training.tokenizer import STEP_TAG
 
 THINK_CLOSE = "</think>\n\n"  # what the template puts between the reasoning and the answer

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from engine.synthetic import EVAL_SEED_BASE, check, make_arithmetic_example, make_example
+from engine.tools.synthetic import EVAL_SEED_BASE, check, make_arithmetic_example, make_example
 from engine.training.data import corrupted_steps, prompt_text
 from engine.training.specs import SPECS
-from engine.model import LoadedModel
-from engine.prm import MathShepherdScorer
+from engine.runtime.model import LoadedModel
+from engine.methods.rsd.prm import MathShepherdScorer
 from engine.presets import BUNDLED_DIR
 
 
@@ -105,9 +105,9 @@ KNOWN_BUDGET = dict(max_think=300, max_answer=250, draft_start=60)
 def known_outputs(models_dir) -> dict:
     """Each bundled model's greedy output on a fixed held-out prompt (the PRM: its scores on a
     fixed correct and a fixed corrupted solution). tests/test_bundled.py checks these."""
-    from engine.baseline import decode_baseline  # noqa: PLC0415
+    from engine.methods.baseline import decode_baseline  # noqa: PLC0415
     from engine.config import RunConfig  # noqa: PLC0415
-    from engine.model import load_model  # noqa: PLC0415
+    from engine.runtime.model import load_model  # noqa: PLC0415
 
     out = {}
     for name in ("tiny-reasoner", "tiny-reasoner-draft"):

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from engine.cached import CachedModel
+from engine.runtime.cached import CachedModel
 from engine.config import RunConfig
 from engine.events import Event
-from engine.model import LoadedModel
-from engine.recorder import Recorder
+from engine.runtime.model import LoadedModel
+from engine.methods.recorder import Recorder
 from engine.runtime.cache import cache_mb
-from engine.sampling import Chooser
+from engine.methods.sampling import Chooser
 
 
 def decode_baseline(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:

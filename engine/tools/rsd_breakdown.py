@@ -1,6 +1,6 @@
 """Where RSD loses accuracy: every wrong answer classified by its first wrong step.
 
-    python -m engine.rsd_breakdown --n 300 --seed 3000000 [--threshold 0.7] [--draft-confidence G]
+    python -m engine.tools.rsd_breakdown --n 300 --seed 3000000 [--threshold 0.7] [--draft-confidence G]
         [--out breakdown.json]
 
 Runs ``target`` and ``rsd`` on ``--n`` held-out ``arithmetic`` prompts (seeds from ``--seed``,
@@ -27,11 +27,11 @@ from pathlib import Path
 
 from engine.config import RunConfig
 from engine.events import StepEvent
-from engine.model import ModelLoadError, load_model
+from engine.runtime.model import ModelLoadError, load_model
 from engine.presets import recommended_settings
-from engine.prm import make_scorer
-from engine.rsd import check_pair, decode_rsd
-from engine.synthetic import check, make_arithmetic_example
+from engine.methods.rsd.prm import make_scorer
+from engine.methods.rsd.loop import check_pair, decode_rsd
+from engine.tools.synthetic import check, make_arithmetic_example
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -76,7 +76,7 @@ def classify(events: list, reference: tuple[str, ...]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engine.rsd_breakdown", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m engine.tools.rsd_breakdown", description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--seed", type=int, default=3_000_000)
     ap.add_argument("--threshold", type=float, default=None, help="the PRM's (default: the model's tuned one)")

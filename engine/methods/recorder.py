@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
-from engine.detok import IncrementalDetokenizer
+from engine.methods.detok import IncrementalDetokenizer
 from engine.events import DoneEvent, PhaseEvent, RunStats, TokenEvent
 
 class Recorder:

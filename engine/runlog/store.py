@@ -1,4 +1,4 @@
-"""The run log: every run's settings, statistics and full token trace in one SQLite file.
+"""The run log's store: every run's settings, statistics and full token trace in one SQLite file.
 
 Tables (open them with ``sqlite-utils tables runs.db`` or Datasette):
 
@@ -30,7 +30,6 @@ Promises, each tested:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import platform
@@ -44,9 +43,9 @@ from pathlib import Path
 
 import sqlite_utils
 
-from engine.events import DoneEvent, Event, PhaseEvent, RunStats, StepEvent, TokenEvent
-
-SCHEMA_VERSION = 6
+from engine.events import DoneEvent, Event
+from engine.runlog.rows import event_values, partial_stats, row_event, stream_text
+from engine.runlog.schema import EVENT_COLUMNS, MIGRATIONS, SCHEMA_VERSION, schema_problem
 
 
 class RunLogError(ValueError):
@@ -79,72 +78,6 @@ def library_versions() -> dict:
     import transformers  # noqa: PLC0415
 
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
-
-
-def _migrate_1(db: sqlite_utils.Database) -> None:
-    db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
-    db["runs"].create({"id": int, "created_at": str, "method": str, "model": str, "prompt": str,
-                       "prompt_hash": str, "config": str, "status": str, "error": str}, pk="id", if_not_exists=True)
-    db["events"].create({"run_id": int, "seq": int, "kind": str, "stream": str, "status": str, "token_id": int,
-                         "text": str, "position": int, "draft": int, "source": str, "match_len": int,
-                         "t": float, "phase": str, "at_token": int}, pk=("run_id", "seq"), if_not_exists=True)
-
-
-def _add_columns(table, columns: dict) -> None:
-    for name, kind in columns.items():
-        if name not in table.columns_dict:
-            table.add_column(name, kind)
-
-
-def _migrate_2(db: sqlite_utils.Database) -> None:
-    """Version 2 adds the run's descriptive columns and one column per RunStats field."""
-    _add_columns(db["runs"], {"draft_model": str, "prm": str, "prompt_id": str, "reference": str, "correct": int,
-                              "origin": str, "device": str, "versions": str, "reasoning_text": str,
-                              "answer_text": str, **_stats_columns()})
-    db["runs"].create_index(["method"], if_not_exists=True)
-    db["runs"].create_index(["prompt_hash"], if_not_exists=True)
-
-
-def _migrate_3(db: sqlite_utils.Database) -> None:
-    """Version 3 (RSD): step events carry a reward and a verdict; runs gain the RSD accounting."""
-    _add_columns(db["events"], {"reward": float, "accepted": int})
-    _add_columns(db["runs"], _stats_columns())
-
-
-def _migrate_4(db: sqlite_utils.Database) -> None:
-    """Version 4: one meaning of "rejected" (draft tokens never taken, as the Draft pane shows);
-    lookup proposals not taken get their own column. Rows written before keep the old mixed count."""
-    _add_columns(db["runs"], _stats_columns())
-
-
-def _migrate_5(db: sqlite_utils.Database) -> None:
-    """Version 5 (RSD): a step event carries the draft's confidence (its least likely token)."""
-    _add_columns(db["events"], {"confidence": float})
-
-
-def _migrate_6(db: sqlite_utils.Database) -> None:
-    """Version 6 (static cache, compiled steps): the run's cache size, compile time and step mode."""
-    _add_columns(db["runs"], _stats_columns())
-
-
-MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6}
-
-
-def _stats_columns() -> dict:
-    kinds = {"int": int, "str": str}  # annotations are strings here; the rest are floats
-    return {f.name: kinds.get(f.type, float) for f in dataclasses.fields(RunStats) if f.name != "method"}
-
-
-EVENT_COLUMNS = ("run_id", "seq", "kind", "stream", "status", "token_id", "text", "position", "draft", "source",
-                 "match_len", "t", "phase", "at_token", "reward", "accepted", "confidence")
-INDEXES = {("method",), ("prompt_hash",)}
-
-
-def expected_run_columns() -> set[str]:
-    """Every column this version writes into ``runs``."""
-    base = {"id", "created_at", "method", "model", "prompt", "prompt_hash", "config", "status", "error", "draft_model",
-            "prm", "prompt_id", "reference", "correct", "origin", "device", "versions", "reasoning_text", "answer_text"}
-    return base | set(_stats_columns())
 
 
 class RunLog:
@@ -242,7 +175,7 @@ class RunLog:
                     MIGRATIONS[v](db)
                     db["meta"].upsert({"key": "schema_version", "value": str(v)}, pk="key")
                     conn.commit()
-                return _schema_problem(db)
+                return schema_problem(db)
         except sqlite3.DatabaseError as err:
             raise RunLogError(f"run log {str(self.path)!r} is not an SQLite database ({err}): pass another --db") \
                 from None
@@ -284,7 +217,7 @@ class RunLog:
     def save(self, meta: RunMeta, events: list[Event], status: str, error: str | None = None) -> int:
         """Write one run and its events in a single transaction (all or nothing); returns the run id."""
         done = events[-1] if events and isinstance(events[-1], DoneEvent) else None
-        stats = done.stats if done else _partial_stats(meta.method, events)
+        stats = done.stats if done else partial_stats(meta.method, events)
         row = {
             "created_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
             "method": meta.method, "model": meta.model, "draft_model": meta.draft_model, "prm": meta.prm,
@@ -292,8 +225,8 @@ class RunLog:
             "reference": meta.reference, "correct": None if meta.correct is None else int(meta.correct),
             "origin": meta.origin, "device": meta.device, "config": json.dumps(meta.config, sort_keys=True),
             "status": status, "error": error, "versions": json.dumps(library_versions()),
-            "reasoning_text": done.reasoning_text if done else _text(events, "reasoning"),
-            "answer_text": done.answer_text if done else _text(events, "answer"),
+            "reasoning_text": done.reasoning_text if done else stream_text(events, "reasoning"),
+            "answer_text": done.answer_text if done else stream_text(events, "answer"),
             **{k: v for k, v in stats.to_dict().items() if k != "method"},
         }
         names = ", ".join(f"[{k}]" for k in row)
@@ -303,7 +236,7 @@ class RunLog:
                                          list(row.values())).lastrowid
                 db.conn.executemany(
                     f"insert into events ({', '.join(EVENT_COLUMNS)}) values ({', '.join('?' * len(EVENT_COLUMNS))})",
-                    (_event_values(run_id, i, ev) for i, ev in enumerate(events) if not isinstance(ev, DoneEvent)))
+                    (event_values(run_id, i, ev) for i, ev in enumerate(events) if not isinstance(ev, DoneEvent)))
         except (sqlite3.Error, RunLogError) as err:
             raise RunLogError(f"run not saved to {self.path}: {err}") from None
         return run_id
@@ -333,35 +266,7 @@ class RunLog:
         """The run's events, rebuilt as event objects (the final DoneEvent is not stored)."""
         with self._db() as db:
             rows = list(db["events"].rows_where("run_id = ?", [run_id], order_by="seq"))
-        return [_row_event(r) for r in rows]
-
-
-def _event_values(run_id: int, seq: int, ev: Event) -> list:
-    row = _event_row(run_id, seq, ev)
-    return [row.get(c) for c in EVENT_COLUMNS]
-
-
-def _event_row(run_id: int, seq: int, ev: Event) -> dict:
-    row = {"run_id": run_id, "seq": seq, "kind": ev.kind, "t": ev.t}
-    if isinstance(ev, PhaseEvent):
-        row.update(phase=ev.phase, draft=ev.draft, at_token=ev.at_token)
-    elif isinstance(ev, StepEvent):
-        row.update(position=ev.index, text=ev.text, source=ev.source, reward=ev.reward,
-                   accepted=None if ev.accepted is None else int(ev.accepted), confidence=ev.confidence)
-    else:
-        row.update(stream=ev.stream, status=ev.status, token_id=ev.token_id, text=ev.text, position=ev.position,
-                   draft=ev.draft, source=ev.source, match_len=ev.match_len)
-    return row
-
-
-def _row_event(r: dict) -> Event:
-    if r["kind"] == "phase":
-        return PhaseEvent(r["phase"], r["t"], r["draft"], r["at_token"])
-    if r["kind"] == "step":
-        return StepEvent(r["position"], r["text"], r["source"], r["reward"],
-                         None if r["accepted"] is None else bool(r["accepted"]), r["t"], r.get("confidence"))
-    return TokenEvent(r["stream"], r["status"], r["token_id"], r["text"], r["position"], r["t"], r["draft"],
-                      r["source"], r["match_len"])
+        return [row_event(r) for r in rows]
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -372,45 +277,3 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _schema_problem(db: sqlite_utils.Database) -> str | None:
-    """What differs from the schema this version writes, or None."""
-    runs, events = db["runs"], db["events"]
-    missing = expected_run_columns() - set(runs.columns_dict)
-    if missing:
-        return f"has a runs table without the columns {', '.join(sorted(missing))}"
-    if runs.pks != ["id"]:
-        return "has a runs table without its integer id key"
-    missing = set(EVENT_COLUMNS) - set(events.columns_dict)
-    if missing:
-        return f"has an events table without the columns {', '.join(sorted(missing))}"
-    if events.pks != ["run_id", "seq"]:
-        return "has an events table without its (run_id, seq) key"
-    indexed = {tuple(i.columns) for i in runs.indexes}
-    if not INDEXES <= indexed:
-        return "has a runs table without its indexes"
-    if db.execute("pragma journal_mode").fetchone()[0] != "wal":
-        return "is not in WAL mode"
-    return None
-
-
-def _text(events: list[Event], stream: str) -> str:
-    return "".join(e.text for e in events if isinstance(e, TokenEvent) and e.stream == stream)
-
-
-def _partial_stats(method: str, events: list[Event]) -> RunStats:
-    """Counters of a run that did not finish, from the events it produced."""
-    s = RunStats(method=method)
-    draft_status: dict[tuple[int | None, int], str] = {}  # each draft token's latest status
-    for ev in events:
-        if isinstance(ev, TokenEvent):
-            if ev.stream == "reasoning":
-                s.reasoning_tokens += 1
-            elif ev.stream == "answer":
-                s.answer_tokens += 1
-                setattr(s, ev.status, getattr(s, ev.status) + 1)
-            else:
-                s.draft_tokens += ev.status == "generated"
-                draft_status[(ev.draft, ev.position)] = ev.status
-        s.wall_s = max(s.wall_s, ev.t)
-    s.rejected = sum(status == "rejected" for status in draft_status.values())
-    return s

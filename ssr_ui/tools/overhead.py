@@ -1,6 +1,6 @@
 """Measure what the studio costs a run: tokens/s through the UI handler vs the engine alone.
 
-    python -m ssr_ui.overhead --prompts classes.jsonl --repeat 3 [--model tiny-reasoner] [--method ssr]
+    python -m ssr_ui.tools.overhead --prompts classes.jsonl --repeat 3 [--model tiny-reasoner] [--method ssr]
 
 For each prompt and repeat, the same run is made twice, interleaved: once consumed by nothing
 but ``list()`` (the engine alone), once through :meth:`Studio.run`, which folds every event into
@@ -16,13 +16,13 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from engine.bench import read_prompts
-from engine.methods import decoder
+from engine.tools.bench import read_prompts
+from engine.registry import decoder
 from ssr_ui.handlers import METHOD_NAMES, Studio
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m ssr_ui.overhead", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ssr_ui.tools.overhead", description=__doc__.split("\n")[0])
     ap.add_argument("--prompts", required=True)
     ap.add_argument("--model", default="tiny-reasoner")
     ap.add_argument("--method", default="SSR", choices=["Baseline", "SSR"])

@@ -1,6 +1,6 @@
 """RSD threshold sweep: accuracy, fraction of draft steps kept and FLOPs against the threshold.
 
-    python -m engine.rsd_sweep --prompts arithmetic.jsonl --thresholds 0.5,0.6,0.7,0.8,0.9 \\
+    python -m engine.tools.rsd_sweep --prompts arithmetic.jsonl --thresholds 0.5,0.6,0.7,0.8,0.9 \\
         --out rsd-sweep.json [--html rsd-sweep.html] [--model tiny-reasoner]
         [--draft-model tiny-reasoner-draft] [--prm tiny-prm] [--db runs.db]
 
@@ -17,12 +17,12 @@ import statistics
 import sys
 from pathlib import Path
 
-from engine.bench import read_prompts, run_one
+from engine.tools.bench import read_prompts, run_one
 from engine.config import RunConfig
-from engine.model import ModelLoadError, load_model
+from engine.runtime.model import ModelLoadError, load_model
 from engine.presets import recommended_settings
-from engine.prm import make_scorer
-from engine.rsd import check_pair
+from engine.methods.rsd.prm import make_scorer
+from engine.methods.rsd.loop import check_pair
 from engine.runlog import RunLog
 
 
@@ -70,7 +70,7 @@ def chart(rows: list[dict]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engine.rsd_sweep", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m engine.tools.rsd_sweep", description=__doc__.split("\n")[0])
     ap.add_argument("--prompts", required=True)
     ap.add_argument("--thresholds", default="0.5,0.6,0.7,0.8,0.9")
     ap.add_argument("--out", required=True)

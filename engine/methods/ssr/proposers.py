@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.suffix_index import SuffixIndex
+from engine.methods.ssr.suffix_index import SuffixIndex
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Refresh the studio screenshots in docs/: launch the app, drive it in headless Chromium.
 
-    python -m ssr_ui.screenshots --out docs/img [--port 7870]
+    python -m ssr_ui.tools.screenshots --out docs/img [--port 7870]
 
 Needs Debian's chromium (``apt-get install -y chromium``) and the playwright package. Takes the
 main tab mid-run and after an SSR run, compare mode, an RSD run, and the history tab.
@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.synthetic import EVAL_SEED_BASE, make_example
+from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -48,7 +48,7 @@ def _wait_done(page, timeout_ms: int = 180_000) -> None:
 def main(argv: list[str] | None = None) -> None:
     from playwright.sync_api import sync_playwright  # noqa: PLC0415
 
-    ap = argparse.ArgumentParser(prog="python -m ssr_ui.screenshots")
+    ap = argparse.ArgumentParser(prog="python -m ssr_ui.tools.screenshots")
     ap.add_argument("--out", default="docs/img")
     ap.add_argument("--port", type=int, default=7870)
     ap.add_argument("--prm", default="tiny-prm")

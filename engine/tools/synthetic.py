@@ -12,7 +12,7 @@ Two suites, each a deterministic function of a seed:
 
 CLI::
 
-    python -m engine.synthetic --suite classes --n 50 --seed 1000 --out classes.jsonl
+    python -m engine.tools.synthetic --suite classes --n 50 --seed 1000 --out classes.jsonl
 
 Each line is ``{"id", "prompt", "reference", "suite"}``; ``reference`` is the exact expected
 answer (the code for ``classes``, the number for ``arithmetic``). Training uses seeds below
@@ -224,7 +224,7 @@ def check(suite: str | None, answer: str, reference: str) -> bool | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m engine.synthetic", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m engine.tools.synthetic", description=__doc__.split("\n")[0])
     ap.add_argument("--suite", required=True, choices=sorted(SUITES))
     ap.add_argument("--n", type=int, required=True)
     ap.add_argument("--seed", type=int, default=EVAL_SEED_BASE, help="first seed (held-out seeds start at %(default)s)")

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.cached import CachedModel
-from engine.model import LoadedModel, load_model
+from engine.runtime.cached import CachedModel
+from engine.runtime.model import LoadedModel, load_model
 
 STEP_TAG = "ки"
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.model import LoadedModel
+from engine.runtime.model import LoadedModel
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Benchmark CLI: methods side by side on the same prompts, interleaved, with ratios to baseline.
 
-    python -m engine.bench --model PATH_OR_ID --methods baseline,ssr,hf,hf-pld \\
+    python -m engine.tools.bench --model PATH_OR_ID --methods baseline,ssr,hf,hf-pld \\
         --prompts FILE.jsonl --out results.json [--db runs.db] [--draft-start N] [--max-think N]
         [--max-draft N] [--max-answer N] [--num-drafts N] [--draft-interval N] [--temperature T]
         [--seed S] [--repeat R] [--device D]
@@ -23,18 +23,18 @@ from pathlib import Path
 
 from engine.config import RunConfig
 from engine.events import DoneEvent
-from engine.agreement import agreement
-from engine.methods import METHODS, SINGLE_MODEL, check_method, decoder
-from engine.prm import make_scorer
-from engine.rsd import RSD_METHODS, check_pair
-from engine.model import ModelLoadError, SSRUnsupportedError, load_model, random_weights_model
+from engine.tools.agreement import agreement
+from engine.registry import METHODS, SINGLE_MODEL, check_method, decoder
+from engine.methods.rsd.prm import make_scorer
+from engine.methods.rsd.loop import RSD_METHODS, check_pair
+from engine.runtime.model import ModelLoadError, SSRUnsupportedError, load_model, random_weights_model
 from engine.presets import recommended_settings
 from engine.remote.client import BackendError
 from engine.remote.model import check_backend, connect
 from engine.remote.prm import connect_prm
 from engine.runtime.compiled import COMPILE_MODES
 from engine.runlog import RunLog, RunMeta
-from engine.synthetic import check
+from engine.tools.synthetic import check
 
 # CLI flag -> RunConfig field; a flag left out keeps the config's own default
 CONFIG_FLAGS = {"draft_start": int, "max_think": int, "max_draft": int, "max_answer": int, "num_drafts": int,
@@ -158,7 +158,7 @@ def format_table(summary: list[dict]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m engine.tools.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny-reasoner", help="bundled name, preset, local folder or Hub id")
     ap.add_argument("--methods", default="baseline,ssr", help=f"comma-separated, from {','.join(METHODS)}")
     ap.add_argument("--prompts", required=True)

@@ -354,7 +354,7 @@ def random_weights_model(name: str, device: str | None = None, dtype: str | None
                          **overrides) -> LoadedModel:
     """A preset's architecture with random weights and the bundled tokenizer, built offline
     (``--random-weights``): meaningless text, real per-token costs. ``overrides`` change shapes
-    (``engine.gpu_check`` shrinks the model on a CPU). Output rows of ids the bundled tokenizer
+    (``engine.tools.gpu_check`` shrinks the model on a CPU). Output rows of ids the bundled tokenizer
     lacks are zeroed, so every generated id decodes."""
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM  # noqa: PLC0415
 

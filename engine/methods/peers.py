@@ -21,8 +21,8 @@ from transformers.generation.streamers import BaseStreamer
 
 from engine.config import RunConfig
 from engine.events import Event
-from engine.model import LoadedModel
-from engine.recorder import Recorder
+from engine.runtime.model import LoadedModel
+from engine.methods.recorder import Recorder
 
 PLD_TOKENS = 10
 

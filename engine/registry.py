@@ -12,15 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from engine.baseline import decode_baseline
+from engine.methods.baseline import decode_baseline
 from engine.config import RunConfig
 from engine.events import Event
-from engine.model import LoadedModel
-from engine.peers import decode_hf
+from engine.runtime.model import LoadedModel
+from engine.methods.peers import decode_hf
 from engine.remote.decode import decode_remote_baseline, decode_remote_ssr
 from engine.remote.model import RemoteModel
-from engine.rsd import RSD_METHODS, decode_rsd
-from engine.ssr import decode_ssr
+from engine.methods.rsd.loop import RSD_METHODS, decode_rsd
+from engine.methods.ssr.loop import decode_ssr
 
 Decoder = Callable[[str, RunConfig], Iterator[Event]]
 

@@ -27,7 +27,7 @@ the same as writing the answer itself, so on one sequence it cannot pay.
 
 Exactness: under greedy decoding the reasoning and the answer equal ``baseline``'s token for token;
 under sampling the main row draws from the same seeded generator as ``baseline`` (drafts draw
-from another), and verification is the speculative-sampling rule (see ``engine.sampling``).
+from another), and verification is the speculative-sampling rule (see ``engine.methods.sampling``).
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ import torch
 
 from engine.config import RunConfig
 from engine.events import Event
-from engine.model import LoadedModel
+from engine.runtime.model import LoadedModel
 from engine.runtime.cache import cache_mb, checkpoint, compact, crop, take_rows
-from engine.proposers import Draft, DraftPrefixProposer, SuffixProposer
-from engine.recorder import Recorder
-from engine.sampling import Chooser
-from engine.suffix_index import SuffixIndex
+from engine.methods.ssr.proposers import Draft, DraftPrefixProposer, SuffixProposer
+from engine.methods.recorder import Recorder
+from engine.methods.sampling import Chooser
+from engine.methods.ssr.suffix_index import SuffixIndex
 
 
 def decode_ssr(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:

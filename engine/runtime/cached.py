@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from engine.model import LoadedModel
+from engine.runtime.model import LoadedModel
 from engine.runtime.cache import checkpoint, crop
 
 

@@ -3,14 +3,14 @@
 Liao et al., "Reward-Guided Speculative Decoding for Efficient LLM Reasoning" (ICML 2025,
 arXiv 2501.19324). A small draft model writes one step (text up to the step delimiter ``"\\n\\n"``,
 an end of sequence, or ``max_step_tokens``); a process reward model scores it given the question
-and the steps so far; the acceptance rule (``engine.acceptance``) keeps it or the target model
+and the steps so far; the acceptance rule (``engine.methods.rsd.acceptance``) keeps it or the target model
 writes that step instead, and the target's step is not scored again. Deliberately biased towards
 high-reward steps, not lossless. ``target`` and ``draft`` run the same step loop with one model
 writing every step: the comparison baselines.
 
 Deviations from the released code (flagged): every model keeps its KV cache and catches up on
 unseen tokens in one parallel forward, where the reference re-encodes the whole prefix with the
-PRM at every step; and we count FLOPs per model (``engine.cached``).
+PRM at every step; and we count FLOPs per model (``engine.runtime.cached``).
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from collections.abc import Iterator
 
 import torch
 
-from engine.acceptance import accept
-from engine.cached import CachedModel
+from engine.methods.rsd.acceptance import accept
+from engine.runtime.cached import CachedModel
 from engine.config import RunConfig
 from engine.events import Event, StepEvent
-from engine.model import LoadedModel
-from engine.prm import TargetLikelihoodScorer
-from engine.recorder import Recorder
+from engine.runtime.model import LoadedModel
+from engine.methods.rsd.prm import TargetLikelihoodScorer
+from engine.methods.recorder import Recorder
 from engine.runtime.cache import cache_mb
-from engine.sampling import Chooser
+from engine.methods.sampling import Chooser
 
 STEP_DELIMITER = "\n\n"
 RSD_METHODS = ("rsd", "target", "draft")

@@ -1,0 +1,99 @@
+"""The run log's schema: its tables, the migrations that build them version by version, and the
+check that a file's tables are the ones this version writes (``RunLog`` repairs on what it says)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sqlite_utils
+
+from engine.events import RunStats
+
+SCHEMA_VERSION = 6
+
+
+def _migrate_1(db: sqlite_utils.Database) -> None:
+    db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
+    db["runs"].create({"id": int, "created_at": str, "method": str, "model": str, "prompt": str,
+                       "prompt_hash": str, "config": str, "status": str, "error": str}, pk="id", if_not_exists=True)
+    db["events"].create({"run_id": int, "seq": int, "kind": str, "stream": str, "status": str, "token_id": int,
+                         "text": str, "position": int, "draft": int, "source": str, "match_len": int,
+                         "t": float, "phase": str, "at_token": int}, pk=("run_id", "seq"), if_not_exists=True)
+
+
+def _add_columns(table, columns: dict) -> None:
+    for name, kind in columns.items():
+        if name not in table.columns_dict:
+            table.add_column(name, kind)
+
+
+def _migrate_2(db: sqlite_utils.Database) -> None:
+    """Version 2 adds the run's descriptive columns and one column per RunStats field."""
+    _add_columns(db["runs"], {"draft_model": str, "prm": str, "prompt_id": str, "reference": str, "correct": int,
+                              "origin": str, "device": str, "versions": str, "reasoning_text": str,
+                              "answer_text": str, **_stats_columns()})
+    db["runs"].create_index(["method"], if_not_exists=True)
+    db["runs"].create_index(["prompt_hash"], if_not_exists=True)
+
+
+def _migrate_3(db: sqlite_utils.Database) -> None:
+    """Version 3 (RSD): step events carry a reward and a verdict; runs gain the RSD accounting."""
+    _add_columns(db["events"], {"reward": float, "accepted": int})
+    _add_columns(db["runs"], _stats_columns())
+
+
+def _migrate_4(db: sqlite_utils.Database) -> None:
+    """Version 4: one meaning of "rejected" (draft tokens never taken, as the Draft pane shows);
+    lookup proposals not taken get their own column. Rows written before keep the old mixed count."""
+    _add_columns(db["runs"], _stats_columns())
+
+
+def _migrate_5(db: sqlite_utils.Database) -> None:
+    """Version 5 (RSD): a step event carries the draft's confidence (its least likely token)."""
+    _add_columns(db["events"], {"confidence": float})
+
+
+def _migrate_6(db: sqlite_utils.Database) -> None:
+    """Version 6 (static cache, compiled steps): the run's cache size, compile time and step mode."""
+    _add_columns(db["runs"], _stats_columns())
+
+
+MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6}
+
+
+def _stats_columns() -> dict:
+    kinds = {"int": int, "str": str}  # annotations are strings here; the rest are floats
+    return {f.name: kinds.get(f.type, float) for f in dataclasses.fields(RunStats) if f.name != "method"}
+
+
+EVENT_COLUMNS = ("run_id", "seq", "kind", "stream", "status", "token_id", "text", "position", "draft", "source",
+                 "match_len", "t", "phase", "at_token", "reward", "accepted", "confidence")
+INDEXES = {("method",), ("prompt_hash",)}
+
+
+def expected_run_columns() -> set[str]:
+    """Every column this version writes into ``runs``."""
+    base = {"id", "created_at", "method", "model", "prompt", "prompt_hash", "config", "status", "error", "draft_model",
+            "prm", "prompt_id", "reference", "correct", "origin", "device", "versions", "reasoning_text", "answer_text"}
+    return base | set(_stats_columns())
+
+
+def schema_problem(db: sqlite_utils.Database) -> str | None:
+    """What differs from the schema this version writes, or None."""
+    runs, events = db["runs"], db["events"]
+    missing = expected_run_columns() - set(runs.columns_dict)
+    if missing:
+        return f"has a runs table without the columns {', '.join(sorted(missing))}"
+    if runs.pks != ["id"]:
+        return "has a runs table without its integer id key"
+    missing = set(EVENT_COLUMNS) - set(events.columns_dict)
+    if missing:
+        return f"has an events table without the columns {', '.join(sorted(missing))}"
+    if events.pks != ["run_id", "seq"]:
+        return "has an events table without its (run_id, seq) key"
+    indexed = {tuple(i.columns) for i in runs.indexes}
+    if not INDEXES <= indexed:
+        return "has a runs table without its indexes"
+    if db.execute("pragma journal_mode").fetchone()[0] != "wal":
+        return "is not in WAL mode"
+    return None
