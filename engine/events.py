@@ -129,3 +129,40 @@ class DoneEvent:
 
 
 Event = PhaseEvent | TokenEvent | StepEvent | DoneEvent
+
+
+class TokenTally:
+    """A run's token counters, folded from its events one at a time into ``stats``: the one place
+    they are counted, by the recorder as a loop emits them, by the run log for a run that stopped
+    before its :class:`DoneEvent`, and by the studio while a run streams.
+
+    Counted: reasoning and answer tokens, the answer's ``accepted`` / ``recovered`` /
+    ``generated`` split, draft tokens written, ``rejected`` (draft tokens whose latest status is
+    rejected: proposed, never taken) and, for RSD, draft steps kept and rewritten by the target.
+
+    >>> tally = TokenTally(RunStats())
+    >>> for ev in events:
+    ...     tally.add(ev)
+    """
+
+    def __init__(self, stats: RunStats) -> None:
+        self.stats = stats
+        self.steps_kept = self.steps_rewritten = 0
+        self._draft_status: dict[tuple[int | None, int], str] = {}  # each draft token's latest status
+
+    def add(self, ev: Event) -> None:
+        s = self.stats
+        if isinstance(ev, TokenEvent):
+            if ev.stream == "reasoning":
+                s.reasoning_tokens += 1
+            elif ev.stream == "answer":
+                s.answer_tokens += 1
+                setattr(s, ev.status, getattr(s, ev.status) + 1)  # accepted / recovered / generated
+            else:
+                before = self._draft_status.get((ev.draft, ev.position))
+                s.draft_tokens += before is None
+                s.rejected += (ev.status == "rejected") - (before == "rejected")
+                self._draft_status[(ev.draft, ev.position)] = ev.status
+        elif isinstance(ev, StepEvent):
+            self.steps_kept += ev.source == "draft" and ev.accepted is True
+            self.steps_rewritten += ev.accepted is False

@@ -23,18 +23,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.tools.agreement import agreement
 from engine.config import RunConfig, number
 from engine.events import DoneEvent, RunStats
-from engine.registry import decoder
-from engine.runtime.model import LoadedModel, ModelLoadError, SSRUnsupportedError, load_model
-from engine.presets import provenance, recommended_settings
-from engine.methods.rsd.prm import make_scorer
-from engine.remote.client import BackendError
-from engine.remote.model import RemoteModel, connect
-from engine.remote.prm import connect_prm
 from engine.methods.rsd.loop import check_pair
+from engine.presets import provenance, recommended_settings
+from engine.registry import decoder
+from engine.remote.client import BackendError
+from engine.remote.model import RemoteModel
 from engine.runlog import RunLog, RunLogError, RunMeta, prompt_hash
+from engine.runtime.model import LoadedModel, ModelLoadError, SSRUnsupportedError
+from engine.tools.agreement import agreement
+from engine.wiring import Server, load_role, load_scorer, run_config
 from ssr_ui import charts
 from ssr_ui.jobs import Job, Jobs, json_object
 from ssr_ui.render import CSS, TraceView, error_html, metrics_html
@@ -105,8 +104,8 @@ class Studio:
                  draft_model: str = DEFAULT_DRAFT, prm: str = DEFAULT_PRM, load_timeout: float = LOAD_TIMEOUT_S,
                  max_run_s: float = MAX_RUN_S, compile: str = "auto", servers: dict | None = None) -> None:
         self.default_model = model or "tiny-reasoner"
-        # models on vLLM servers, by name: connect's arguments (app --base-url, --draft-base-url, --prm-base-url)
-        self.servers = {name: s for name, s in (servers or {}).items() if s.get("base_url")}
+        # models on vLLM servers, by name: a Server's fields (app --base-url, --draft-base-url, --prm-base-url)
+        self.servers = {name: Server(**s) for name, s in (servers or {}).items() if s.get("base_url")}
         self.compile = RunConfig(compile=compile).compile  # the runs' compiled-steps default (app --compile)
         self.default_draft, self.default_prm = draft_model, prm
         self.device = device
@@ -147,10 +146,9 @@ class Studio:
         name = (name or self.default_model).strip()
 
         def load():
-            if name in self.servers:
-                return connect(name, **self.servers[name])
-            lm = load_model(name, device=self.device)
-            lm.warm_up()
+            lm = load_role(name, self.device, self.servers.get(name))
+            if isinstance(lm, LoadedModel):
+                lm.warm_up()  # in process: the first forward's one-off costs, before any timed run
             return lm
 
         return self._loaded(name, self._models, load)
@@ -162,15 +160,13 @@ class Studio:
 
     def scorer(self, name: str):
         name = (name or self.default_prm).strip()
-        if name in self.servers:
-            return self._loaded(name, self._scorers, lambda: connect_prm(name, **self.servers[name]))
-        return self._loaded(name, self._scorers, lambda: make_scorer(name, self.device))
+        return self._loaded(name, self._scorers, lambda: load_scorer(name, self.device, self.servers.get(name)))
 
     def config(self, model_name: str, **settings) -> RunConfig:
         """The run's config: the model's recommended settings under what the user set (values as a
         form or an API client sends them; ValueError naming the field when one is not valid)."""
         given = {k: RunConfig.coerce(k, v) for k, v in settings.items() if v is not None}
-        return RunConfig(**{**recommended_settings(model_name or self.default_model), "compile": self.compile, **given})
+        return run_config(model_name or self.default_model, {"compile": self.compile, **given})
 
     # ------------------------------------------------------------------ the streaming handler
     def run(self, prompt: str, method: str = "SSR", model_name: str = "", draft_model: str = "",
@@ -208,7 +204,7 @@ class Studio:
             yield Frame.note(f"loading the draft model {draft_model} and the PRM {prm}…")
             rsd = {"draft": self.model(draft_model), "scorer": self.scorer(prm), "draft_name": draft_model,
                    "prm_name": prm}
-            check_pair(lm, rsd["draft"])
+            check_pair(lm, rsd["draft"])  # (models load once, by name: the pair is checked per run)
         if not self._lock.acquire(blocking=False):
             yield Frame.note("waiting for the model: another run is using it…")
             self._lock.acquire()

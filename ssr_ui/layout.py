@@ -11,13 +11,14 @@ sending "abc", NaN or 10**30 gets a message naming the field, not Gradio's gener
 
 from __future__ import annotations
 
+import functools
 from functools import partial
 
 import gradio as gr
 
 from engine.methods.rsd.acceptance import WEIGHTINGS
-from engine.registry import METHODS
 from engine.presets import BUNDLED, PRESETS
+from engine.registry import METHODS
 from engine.runtime.compiled import COMPILE_MODES
 from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 from ssr_ui import charts
@@ -52,6 +53,31 @@ def examples() -> dict[str, list[str]]:
             "Write a Python class Stack with push, pop, peek and is_empty methods, with docstrings.",
             "Convert this list into a markdown table with columns name and age: Ann 31, Bo 45, Cy 27."],
     }
+
+
+def _api_signature(cfg, settings: dict, models: dict):
+    """Give the generator ``fn(request, prompt, method, model, **settings)`` the signature Gradio
+    builds the run's API from: after ``model``, one parameter per entry of ``settings`` in its
+    order, its default ``cfg``'s value (or ``models``' for the model names). Gradio calls it
+    positionally, in the same order; the wrapper (a generator too, so Gradio streams it) hands the
+    values on by name."""
+    import inspect  # noqa: PLC0415
+
+    names = list(settings)
+
+    def decorate(fn):
+        head = list(inspect.signature(fn).parameters.values())[:4]  # request, prompt, method, model
+        tail = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                  default=models[n] if n in models else getattr(cfg, n)) for n in names]
+
+        @functools.wraps(fn)
+        def call(request, prompt, method="SSR", model="", *values, **named):
+            given = {**dict(zip(names, values)), **named}
+            yield from fn(request, prompt, method, model, **{n: given.get(n, p.default) for n, p in zip(names, tail)})
+
+        call.__signature__ = inspect.Signature([*head, *tail])
+        return call
+    return decorate
 
 
 def _as_sent(component):
@@ -188,24 +214,24 @@ def build_app(studio: Studio) -> gr.Blocks:
                 c_speedup, c_rsd = gr.Plot(label="SSR vs draft start"), gr.Plot(label="RSD vs threshold")
 
         # ------------------------------------------------------------------ wiring: runs
+        # The run's settings, written once: the API's parameters (names, order, defaults) and the
+        # inputs it reads come from this table; the handler receives them as keywords.
+        run_settings = {"draft_start": draft_start, "max_think": max_think, "max_draft": max_draft,
+                        "max_answer": max_answer, "num_drafts": num_drafts, "draft_interval": draft_interval,
+                        "suffix_recovery": suffix, "context_lookup": lookup, "temperature": temperature, "seed": seed,
+                        "draft_model": draft_model, "prm": prm, "threshold": threshold, "weighting": weighting,
+                        "weight_param": weight_param, "think_spec": think_spec, "exact": exact,
+                        "draft_confidence": draft_confidence, "compile": compile_steps}
+        models = {"draft_model": "", "prm": ""}  # not RunConfig fields: "" means the studio's default
+
         @on_gpu
-        def run(request: gr.Request, prompt: str, method: str = "SSR", model: str = "", draft_start: int = cfg.draft_start,
-                max_think: int = cfg.max_think, max_draft: int = cfg.max_draft, max_answer: int = cfg.max_answer,
-                num_drafts: int = cfg.num_drafts, draft_interval: int = cfg.draft_interval,
-                suffix_recovery: bool = cfg.suffix_recovery, context_lookup: bool = cfg.context_lookup,
-                temperature: float = cfg.temperature, seed: int = cfg.seed, draft_model: str = "",
-                prm: str = "", threshold: float = cfg.threshold, weighting: str = cfg.weighting,
-                weight_param: float = cfg.weight_param, think_spec: int = cfg.think_spec, exact: bool = cfg.exact,
-                draft_confidence: float = cfg.draft_confidence, compile: str = cfg.compile):
-            settings = dict(draft_start=draft_start, max_think=max_think, max_draft=max_draft, max_answer=max_answer,
-                            num_drafts=num_drafts, draft_interval=draft_interval, suffix_recovery=suffix_recovery,
-                            context_lookup=context_lookup, temperature=temperature, seed=seed, threshold=threshold,
-                            weighting=weighting, weight_param=weight_param, think_spec=think_spec, exact=exact,
-                            draft_confidence=draft_confidence, compile=compile)
+        @_api_signature(cfg, run_settings, models)
+        def run(request: gr.Request, prompt: str, method: str = "SSR", model: str = "", **settings):
+            roles = {name: settings.pop(name) for name in models}
             with studio.jobs.running(current_event_id(), request.session_hash) as job:
                 if job is None:  # Gradio restarting a job that already ran: never run it twice
                     return
-                for frame in studio.run(prompt, method, model, draft_model, prm, job=job, **settings):
+                for frame in studio.run(prompt, method, model, roles["draft_model"], roles["prm"], job=job, **settings):
                     *panes, fig = frame.as_tuple()
                     runs = gr.update(visible=False)
                     if frame.runs:
@@ -222,9 +248,7 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         buttons = [stop_btn, run_btn, sweep_btn]
         run_event = run_btn.click(busy, None, buttons, queue=False, **PRIVATE).then(
-            run, [prompt, method, model, draft_start, max_think, max_draft, max_answer, num_drafts, draft_interval,
-                  suffix, lookup, temperature, seed, draft_model, prm, threshold, weighting, weight_param, think_spec,
-                  exact, draft_confidence, compile_steps],
+            run, [prompt, method, model, *run_settings.values()],
             [reasoning_pane, draft_pane, answer_pane, metrics, chart, last_view, draft_pick, last_runs, run_pick],
             api_name="run", concurrency_limit=RUN_CONCURRENCY, show_progress="minimal", show_progress_on=[metrics])
 

@@ -11,7 +11,7 @@ import html
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.events import DoneEvent, PhaseEvent, RunStats, StepEvent, TokenEvent
+from engine.events import DoneEvent, PhaseEvent, RunStats, StepEvent, TokenEvent, TokenTally
 
 CSS = (Path(__file__).resolve().parents[1] / "assets" / "studio.css").read_text()
 STATUS_LABEL = {"generated": "generated", "accepted": "accepted", "recovered": "suffix-recovered",
@@ -70,8 +70,10 @@ class TraceView:
     dtypes: str | None = None  # what precision each model runs in
     notice: str | None = None  # something the user must know about this run (e.g. "not saved: ...")
     _next_step_at: tuple[str, int] = ("reasoning", 0)  # where the next kept step begins
+    tally: TokenTally = field(default_factory=lambda: TokenTally(RunStats()), repr=False, compare=False)
 
     def apply(self, ev) -> None:
+        self.tally.add(ev)
         if isinstance(ev, PhaseEvent):
             if ev.phase == "drafting":
                 self.draft_forks[ev.draft] = ev.at_token
@@ -158,13 +160,10 @@ class TraceView:
         return self.phase in ("done", "stopped", "cancelled", "error", "ok")
 
     def counts(self) -> dict[str, int]:
-        out = {s: 0 for s in ("accepted", "recovered", "generated")}
-        for t in self.answer:
-            out[t.status] += 1
-        out["rejected"] = sum(t.status == "rejected" for toks in self.drafts.values() for t in toks)
-        out["steps_kept"] = sum(s.source == "draft" and s.accepted is True for s in self.steps)
-        out["steps_rewritten"] = sum(s.accepted is False for s in self.steps)
-        return out
+        """The strip's counters, from the events so far (``engine.events.TokenTally``)."""
+        s = self.tally.stats
+        return {"accepted": s.accepted, "recovered": s.recovered, "generated": s.generated, "rejected": s.rejected,
+                "steps_kept": self.tally.steps_kept, "steps_rewritten": self.tally.steps_rewritten}
 
 
 def _trimmed(tokens: list[Tok]) -> list[str]:

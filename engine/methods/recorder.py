@@ -13,12 +13,14 @@ from collections.abc import Iterator
 import torch
 
 from engine.methods.detok import IncrementalDetokenizer
-from engine.events import DoneEvent, PhaseEvent, RunStats, TokenEvent
+from engine.events import DoneEvent, PhaseEvent, RunStats, TokenEvent, TokenTally
+
 
 class Recorder:
     def __init__(self, tokenizer, method: str, prompt_tokens: int, device: torch.device | None = None) -> None:
         self.tokenizer = tokenizer
         self.stats = RunStats(method=method, prompt_tokens=prompt_tokens)
+        self.tally = TokenTally(self.stats)  # the token counters, from the events as they are made
         self.t0 = time.perf_counter()
         self.device = device
         self._phase: str | None = None
@@ -26,8 +28,7 @@ class Recorder:
         self._detok: dict[tuple[str, int | None], IncrementalDetokenizer] = {}
         self.streams: dict[tuple[str, int | None], list[int]] = {}
         self._draft_pieces: dict[int, list[str]] = {}
-        self._taken: dict[int, set[int]] = {}
-        self._rejected: dict[int, set[int]] = {}  # draft positions proposed and (so far) never taken
+        self._taken: dict[int, set[int]] = {}  # draft positions taken: never marked rejected after
         if device is not None and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
@@ -68,33 +69,28 @@ class Recorder:
         ids = self.streams.setdefault(key, [])
         ids.append(token_id)
         piece = detok.push(token_id)
-        s = self.stats
-        if stream == "reasoning":
-            s.reasoning_tokens += 1
-        elif stream == "answer":
-            s.answer_tokens += 1
-            if s.ttft_s is None:
-                s.ttft_s = self.now()
-            setattr(s, status, getattr(s, status) + 1)  # accepted / recovered / generated
-        else:
-            s.draft_tokens += 1
+        if stream == "answer" and self.stats.ttft_s is None:
+            self.stats.ttft_s = self.now()
+        elif stream == "draft":
             self._draft_pieces.setdefault(draft, []).append(piece)
-        return TokenEvent(stream, status, token_id, piece, len(ids) - 1, self.now(), draft, source, match_len)
+        return self._counted(TokenEvent(stream, status, token_id, piece, len(ids) - 1, self.now(), draft, source,
+                                        match_len))
+
+    def _counted(self, ev: TokenEvent) -> TokenEvent:
+        self.tally.add(ev)
+        return ev
 
     def draft_status(self, draft: int, position: int, status: str, source: str | None = None,
                      match_len: int | None = None) -> TokenEvent | None:
         """A verdict on an existing draft token; None when it would downgrade a taken token."""
-        taken, rejected = self._taken.setdefault(draft, set()), self._rejected.setdefault(draft, set())
-        if status == "rejected":
-            if position in taken:
-                return None
-            rejected.add(position)
-        else:
+        taken = self._taken.setdefault(draft, set())
+        if status == "rejected" and position in taken:
+            return None
+        if status != "rejected":
             taken.add(position)
-            rejected.discard(position)
         token_id = self.streams[("draft", draft)][position]
         text = self._draft_pieces[draft][position]
-        return TokenEvent("draft", status, token_id, text, position, self.now(), draft, source, match_len)
+        return self._counted(TokenEvent("draft", status, token_id, text, position, self.now(), draft, source, match_len))
 
     def rejected_lookup(self, count: int) -> None:
         """Proposed tokens from the prompt, reasoning or answer that were not taken."""
@@ -114,7 +110,6 @@ class Recorder:
         self._close_phase()
         self._phase = None
         s = self.stats
-        s.rejected = sum(len(r) for r in self._rejected.values())
         s.wall_s = self.now() if wall_s is None else wall_s
         s.tokens_per_s = (s.reasoning_tokens + s.answer_tokens) / s.wall_s if s.wall_s > 0 else 0.0
         if self.device is not None and self.device.type == "cuda":

@@ -3,7 +3,7 @@ when it has no final ``DoneEvent`` (its texts and counters rebuilt from the even
 
 from __future__ import annotations
 
-from engine.events import Event, PhaseEvent, RunStats, StepEvent, TokenEvent
+from engine.events import Event, PhaseEvent, RunStats, StepEvent, TokenEvent, TokenTally
 from engine.runlog.schema import EVENT_COLUMNS
 
 
@@ -42,17 +42,8 @@ def stream_text(events: list[Event], stream: str) -> str:
 def partial_stats(method: str, events: list[Event]) -> RunStats:
     """Counters of a run that did not finish, from the events it produced."""
     s = RunStats(method=method)
-    draft_status: dict[tuple[int | None, int], str] = {}  # each draft token's latest status
+    tally = TokenTally(s)
     for ev in events:
-        if isinstance(ev, TokenEvent):
-            if ev.stream == "reasoning":
-                s.reasoning_tokens += 1
-            elif ev.stream == "answer":
-                s.answer_tokens += 1
-                setattr(s, ev.status, getattr(s, ev.status) + 1)
-            else:
-                s.draft_tokens += ev.status == "generated"
-                draft_status[(ev.draft, ev.position)] = ev.status
+        tally.add(ev)
         s.wall_s = max(s.wall_s, ev.t)
-    s.rejected = sum(status == "rejected" for status in draft_status.values())
     return s

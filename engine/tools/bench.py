@@ -23,18 +23,16 @@ from pathlib import Path
 
 from engine.config import RunConfig
 from engine.events import DoneEvent
-from engine.tools.agreement import agreement
+from engine.methods.rsd.loop import RSD_METHODS
 from engine.registry import METHODS, SINGLE_MODEL, check_method, decoder
-from engine.methods.rsd.prm import make_scorer
-from engine.methods.rsd.loop import RSD_METHODS, check_pair
-from engine.runtime.model import ModelLoadError, SSRUnsupportedError, load_model, random_weights_model
-from engine.presets import recommended_settings
 from engine.remote.client import BackendError
-from engine.remote.model import check_backend, connect
-from engine.remote.prm import connect_prm
-from engine.runtime.compiled import COMPILE_MODES
+from engine.remote.model import RemoteModel, check_backend
 from engine.runlog import RunLog, RunMeta
+from engine.runtime.compiled import COMPILE_MODES
+from engine.runtime.model import ModelLoadError, SSRUnsupportedError
+from engine.tools.agreement import agreement
 from engine.tools.synthetic import check
+from engine.wiring import Server, load_role, load_scorer, run_config
 
 # CLI flag -> RunConfig field; a flag left out keeps the config's own default
 CONFIG_FLAGS = {"draft_start": int, "max_think": int, "max_draft": int, "max_answer": int, "num_drafts": int,
@@ -194,6 +192,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def _server(base_url: str | None, api_key: str | None, served_name: str | None) -> Server | None:
+    return Server(base_url, api_key, served_name) if base_url else None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
@@ -207,31 +209,27 @@ def main(argv: list[str] | None = None) -> int:
         if args.repeat < 1:
             raise ValueError(f"--repeat={args.repeat} must be >= 1")
         flags = {k: getattr(args, k) for k in (*CONFIG_FLAGS, "exact", "compile") if getattr(args, k) is not None}
-        cfg = RunConfig(**{**recommended_settings(args.model), **flags})  # the model's tuned settings under the flags
+        cfg = run_config(args.model, flags)
         prompts = read_prompts(args.prompts)
         log = RunLog(args.db) if args.db else None
         if args.random_weights and set(methods) & {"rsd", "target", "draft"}:
             raise ValueError("--random-weights measures single-model methods; RSD needs trained models")
         check_backend(args.backend, args.base_url)
-        if args.base_url:
-            lm = connect(args.model, args.base_url, args.api_key, args.served_model)
+        lm = load_role(args.model, args.device, _server(args.base_url, args.api_key, args.served_model),
+                       random_weights=args.random_weights)
+        if isinstance(lm, RemoteModel):
             for m in methods:
                 decoder(m, lm)  # a method that does not run on a server says so now
-        elif args.random_weights:
-            lm = random_weights_model(args.model, args.device)
-        else:
-            lm = load_model(args.model, device=args.device)
         models = {"target": lm, "prm_name": args.prm}
         if "ssr" in methods:
             lm.require_markers()
             cfg.check_ssr()
         if {"rsd", "draft"} & set(methods):
-            models["draft"] = connect(args.draft_model, args.draft_base_url, args.api_key, args.draft_served_model) \
-                if args.draft_base_url else load_model(args.draft_model, device=args.device)
-            check_pair(lm, models["draft"])
+            models["draft"] = load_role(args.draft_model, args.device, target=lm, server=_server(
+                args.draft_base_url, args.api_key, args.draft_served_model))
         if "rsd" in methods:
-            models["scorer"] = connect_prm(args.prm, args.prm_base_url, args.api_key, args.prm_served_model) \
-                if args.prm_base_url else make_scorer(args.prm, args.device, args.trust_remote_code)
+            models["scorer"] = load_scorer(args.prm, args.device, _server(args.prm_base_url, args.api_key,
+                                                                          args.prm_served_model), args.trust_remote_code)
     except (ValueError, ModelLoadError, SSRUnsupportedError, BackendError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

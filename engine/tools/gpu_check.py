@@ -44,15 +44,20 @@ from pathlib import Path
 
 import torch
 
-from engine.tools.agreement import agreement
-from engine.methods.baseline import decode_baseline
 from engine.config import RunConfig
-from engine.registry import decoder
-from engine.runtime.model import LoadedModel, load_model, pick_device, random_weights_model
+from engine.methods.baseline import decode_baseline
+from engine.methods.ssr.loop import decode_ssr
 from engine.presets import BUNDLED_DIR, recommended_settings
+from engine.registry import decoder
 from engine.runtime.cache import crop, take_rows
 from engine.runtime.compiled import COMPILE_MODES
-from engine.methods.ssr.loop import decode_ssr
+from engine.runtime.model import (
+    LoadedModel,
+    load_model,
+    pick_device,
+    random_weights_model,
+)
+from engine.tools.agreement import agreement
 from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 
 SMALL = dict(num_hidden_layers=4, hidden_size=128, intermediate_size=384, num_attention_heads=4,

@@ -25,13 +25,11 @@ import statistics
 import sys
 from pathlib import Path
 
-from engine.config import RunConfig
 from engine.events import StepEvent
-from engine.runtime.model import ModelLoadError, load_model
-from engine.presets import recommended_settings
-from engine.methods.rsd.prm import make_scorer
-from engine.methods.rsd.loop import check_pair, decode_rsd
+from engine.methods.rsd.loop import decode_rsd
+from engine.runtime.model import ModelLoadError
 from engine.tools.synthetic import check, make_arithmetic_example
+from engine.wiring import load_role, load_scorer, run_config
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -93,12 +91,11 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     try:
-        target, draft = load_model(args.model), load_model(args.draft_model)
-        check_pair(target, draft)
-        scorer = make_scorer(args.prm)
+        target = load_role(args.model)
+        draft, scorer = load_role(args.draft_model, target=target), load_scorer(args.prm)
         flags = {k: v for k, v in (("threshold", args.threshold), ("draft_confidence", args.draft_confidence))
                  if v is not None}
-        cfg = RunConfig(**{**recommended_settings(args.model), **flags})
+        cfg = run_config(args.model, flags)
     except (ValueError, ModelLoadError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

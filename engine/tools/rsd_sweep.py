@@ -17,13 +17,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from engine.tools.bench import read_prompts, run_one
-from engine.config import RunConfig
-from engine.runtime.model import ModelLoadError, load_model
-from engine.presets import recommended_settings
-from engine.methods.rsd.prm import make_scorer
-from engine.methods.rsd.loop import check_pair
 from engine.runlog import RunLog
+from engine.runtime.model import ModelLoadError
+from engine.tools.bench import read_prompts, run_one
+from engine.wiring import load_role, load_scorer, run_config
 
 
 def sweep_rows(runs: list[dict], thresholds: list[float]) -> list[dict]:
@@ -94,20 +91,19 @@ def main(argv: list[str] | None = None) -> int:
         flags = {k: v for k, v in {"max_think": args.max_think, "max_answer": args.max_answer}.items() if v}
         if args.draft_confidence is not None:
             flags["draft_confidence"] = args.draft_confidence
-        base = {**recommended_settings(args.model), **flags}  # the model's tuned settings under the flags
-        configs = {t: RunConfig(**base, threshold=t) for t in thresholds}
+        base = run_config(args.model, flags)
+        configs = {t: base.replace(threshold=t) for t in thresholds}
         prompts = read_prompts(args.prompts)
-        target = load_model(args.model)
-        draft = load_model(args.draft_model)
-        check_pair(target, draft)
-        models = {"target": target, "draft": draft, "scorer": make_scorer(args.prm), "prm_name": args.prm}
+        target = load_role(args.model)
+        models = {"target": target, "draft": load_role(args.draft_model, target=target),
+                  "scorer": load_scorer(args.prm), "prm_name": args.prm}
     except (ValueError, ModelLoadError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     log = RunLog(args.db) if args.db else None
     runs = []
     for prompt in prompts:
-        runs.append(run_one(models, "target", prompt, RunConfig(**base), 0, log))
+        runs.append(run_one(models, "target", prompt, base, 0, log))
         for t, cfg in configs.items():
             runs.append({**run_one(models, "rsd", prompt, cfg, 0, log), "threshold": t})
         print(f"  {prompt['id']} done", flush=True)

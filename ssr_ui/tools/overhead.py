@@ -16,8 +16,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from engine.tools.bench import read_prompts
 from engine.registry import decoder
+from engine.tools.bench import read_prompts
 from ssr_ui.handlers import METHOD_NAMES, Studio
 
 

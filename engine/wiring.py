@@ -1,0 +1,62 @@
+"""Model wiring, written once for the bench, the sweeps, the breakdown and the studio: which model
+plays which role (target, draft, PRM), where it runs (in process, or on a vLLM server), and the
+settings a run starts from (the model's recommended ones under what the caller set).
+
+>>> target = load_role("tiny-reasoner")
+>>> draft = load_role("tiny-reasoner-draft", target=target)  # checked: same tokenizer as the target
+>>> scorer = load_scorer("tiny-prm")
+>>> cfg = run_config("tiny-reasoner", {"max_think": 200})
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.config import RunConfig
+from engine.methods.rsd.loop import check_pair
+from engine.methods.rsd.prm import make_scorer
+from engine.presets import recommended_settings
+from engine.remote.model import RemoteModel, connect
+from engine.remote.prm import connect_prm
+from engine.runtime.model import LoadedModel, load_model, random_weights_model
+
+
+@dataclass(frozen=True)
+class Server:
+    """Where a role's model is served: a vLLM server's URL, its key and its name for the model
+    (``transport``: an httpx transport in its place, as the tests' fake server gives)."""
+
+    base_url: str
+    api_key: str | None = None
+    served_name: str | None = None
+    transport: object = None
+
+
+def run_config(model: str, settings: dict) -> RunConfig:
+    """The run's config: ``model``'s recommended settings (``engine.presets``) under ``settings``."""
+    return RunConfig(**{**recommended_settings(model), **settings})
+
+
+def load_role(name: str, device: str | None = None, server: Server | None = None, target=None,
+              random_weights: bool = False) -> LoadedModel | RemoteModel:
+    """The model ``name`` for one role: on its ``server`` if it has one, else in process (with
+    random weights when asked: the architecture's real per-token cost, offline). A draft (given
+    its ``target``) must share the target's tokenizer."""
+    if server is not None:
+        lm = connect(name, server.base_url, server.api_key, server.served_name, transport=server.transport)
+    elif random_weights:
+        lm = random_weights_model(name, device)
+    else:
+        lm = load_model(name, device=device)
+    if target is not None:
+        check_pair(target, lm)
+    return lm
+
+
+def load_scorer(name: str, device: str | None = None, server: Server | None = None,
+                trust_remote_code: bool = False):
+    """RSD's step scorer ``name``: a PRM on its ``server``, a PRM in process, or
+    ``"target-likelihood"`` (no PRM: the RSD loop scores with the target)."""
+    if server is not None:
+        return connect_prm(name, server.base_url, server.api_key, server.served_name, transport=server.transport)
+    return make_scorer(name, device, trust_remote_code)
