@@ -1,8 +1,9 @@
 """Plain-function handlers behind the studio, testable without a server.
 
-:class:`Studio` holds the lazily loaded models (cached between runs), the run log, the job
-registry and the streaming ``run`` handler: it consumes an engine event stream, logs it, and
-yields pane HTML at most ``UPDATES_PER_S`` times a second.
+:class:`Studio` holds the lazily loaded models (``ssr_ui.shelf``), the run log, the job registry,
+the past runs (``ssr_ui.history``) and, here, the streaming ``run`` and ``sweep`` handlers: they
+consume an engine event stream, log it, and yield pane HTML (``ssr_ui.frame.Frame``) at most
+``UPDATES_PER_S`` times a second.
 
 Limits, each stated in the UI and the API docs: a model loads outside the run lock (other runs go
 on meanwhile) and gives up after ``load_timeout`` seconds; one run at a time uses the model (the
@@ -14,29 +15,28 @@ context with the run's budgets (``LoadedModel.check_fits``); every setting is va
 from __future__ import annotations
 
 import dataclasses
-import html
 import logging
 import statistics
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 from engine.config import RunConfig, number
-from engine.events import DoneEvent, RunStats
+from engine.events import DoneEvent
 from engine.methods.rsd.loop import check_pair
 from engine.presets import provenance, recommended_settings
 from engine.registry import decoder
 from engine.remote.client import BackendError
-from engine.remote.model import RemoteModel
 from engine.runlog import RunLog, RunLogError, RunMeta, prompt_hash
 from engine.runtime.model import LoadedModel, ModelLoadError, SSRUnsupportedError
 from engine.tools.agreement import agreement
-from engine.wiring import Server, load_role, load_scorer, run_config
+from engine.wiring import run_config
 from ssr_ui import charts
+from ssr_ui.frame import Frame
+from ssr_ui.history import PastRuns
 from ssr_ui.jobs import Job, Jobs, json_object
-from ssr_ui.render import CSS, TraceView, error_html, metrics_html
+from ssr_ui.render import TraceView, error_html, metrics_html
+from ssr_ui.shelf import ModelShelf
 
 log = logging.getLogger(__name__)
 
@@ -48,33 +48,6 @@ COMPARE_SHOWS = "SSR"  # the run whose panes a finished comparison shows first
 LOAD_TIMEOUT_S = 600.0  # a model that takes longer to load is given up on (the UI says so)
 MAX_RUN_S = 900.0  # a run still going after this long is stopped (logged cancelled, shown why)
 RSD_MOSTLY_REWRITTEN = 0.5  # above this share of rejected draft steps, RSD's panes say why it is slow
-
-
-@dataclass
-class Frame:
-    """One UI update: the three panes, the metrics strip and (after Compare) a chart plus every
-    compared run's own final frame, so the UI can switch the panes between them."""
-
-    reasoning: str
-    draft: str
-    answer: str
-    metrics: str
-    chart: object = None
-    view: TraceView | None = None  # the run as folded so far (lets the UI re-render one draft)
-    runs: dict[str, Frame] | None = None  # after Compare: each run's final frame, by mode name
-    prompt: str = ""  # a past run's prompt (History)
-
-    @classmethod
-    def of(cls, view: TraceView, metrics: str, chart=None) -> Frame:
-        return cls(view.reasoning_html(), view.draft_html(), view.answer_html(), metrics, chart, view)
-
-    @classmethod
-    def note(cls, message: str) -> Frame:
-        """Empty panes and a status line (loading, waiting)."""
-        return cls.of(TraceView(), f'<div class="metrics status">{html.escape(message)}</div>')
-
-    def as_tuple(self):
-        return self.reasoning, self.draft, self.answer, self.metrics, self.chart
 
 
 def _interval(view: TraceView) -> float:
@@ -99,68 +72,21 @@ def _claimed(events, job: Job, last: bool):
         raise
 
 
-class Studio:
+class Studio(ModelShelf, PastRuns):
+    """The studio behind the page: its models (:class:`~ssr_ui.shelf.ModelShelf`), the runs it
+    streams (here: a run, a comparison, a sweep), its past runs (:class:`~ssr_ui.history.PastRuns`),
+    the run log and the job registry."""
+
     def __init__(self, model: str | None = None, db: str = "runs.db", device: str | None = None,
                  draft_model: str = DEFAULT_DRAFT, prm: str = DEFAULT_PRM, load_timeout: float = LOAD_TIMEOUT_S,
                  max_run_s: float = MAX_RUN_S, compile: str = "auto", servers: dict | None = None) -> None:
-        self.default_model = model or "tiny-reasoner"
         # models on vLLM servers, by name: a Server's fields (app --base-url, --draft-base-url, --prm-base-url)
-        self.servers = {name: Server(**s) for name, s in (servers or {}).items() if s.get("base_url")}
+        ModelShelf.__init__(self, model or "tiny-reasoner", prm, device, load_timeout, servers)
         self.compile = RunConfig(compile=compile).compile  # the runs' compiled-steps default (app --compile)
-        self.default_draft, self.default_prm = draft_model, prm
-        self.device = device
-        self.load_timeout, self.max_run_s = load_timeout, max_run_s
+        self.default_draft, self.max_run_s = draft_model, max_run_s
         self.log = RunLog(db)
         self.jobs = Jobs()
-        self._models: dict[str, LoadedModel] = {}
-        self._scorers: dict[str, object] = {}
         self._lock = threading.Lock()  # one run on the model at a time
-        self._load_lock = threading.Lock()  # one load at a time, outside the run lock
-
-    def _loaded(self, key: str, cache: dict, load):
-        """``cache[key]``, loading it (outside the run lock, within ``load_timeout``) if needed."""
-        with self._load_lock:
-            if key not in cache:
-                out: dict = {}
-
-                def work():
-                    try:
-                        out["value"] = load()
-                    except Exception as err:  # handed to the caller's thread below
-                        out["error"] = err
-
-                worker = threading.Thread(target=work, name=f"load {key}", daemon=True)
-                worker.start()
-                worker.join(self.load_timeout)
-                if worker.is_alive():
-                    raise ModelLoadError(f"loading {key!r} took longer than {self.load_timeout:.0f} s; gave up (the "
-                                         "Hub may be slow or unreachable; --load-timeout sets the limit)")
-                if "error" in out:
-                    raise out["error"]
-                cache[key] = out["value"]
-            return cache[key]
-
-    def model(self, name: str) -> LoadedModel | RemoteModel:
-        """A model by name, loaded once: on its vLLM server when the app was given one for it,
-        else in process."""
-        name = (name or self.default_model).strip()
-
-        def load():
-            lm = load_role(name, self.device, self.servers.get(name))
-            if isinstance(lm, LoadedModel):
-                lm.warm_up()  # in process: the first forward's one-off costs, before any timed run
-            return lm
-
-        return self._loaded(name, self._models, load)
-
-    def add_model(self, name: str, model: LoadedModel | RemoteModel) -> None:
-        """Serve an already loaded ``model`` under ``name`` (scripts, tests, a caller's own model)."""
-        with self._load_lock:
-            self._models[name.strip()] = model
-
-    def scorer(self, name: str):
-        name = (name or self.default_prm).strip()
-        return self._loaded(name, self._scorers, lambda: load_scorer(name, self.device, self.servers.get(name)))
 
     def config(self, model_name: str, **settings) -> RunConfig:
         """The run's config: the model's recommended settings under what the user set (values as a
@@ -368,85 +294,6 @@ class Studio:
                            f'starts{in_flight}</div>', charts.sweep_chart(points))
         except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
             yield error_html(str(err)), None
-
-    # ------------------------------------------------------------------ history
-    def history(self, method: str = "all", limit: int = 200) -> list[dict]:
-        filters = {} if method in ("", "all", None) else {"method": method}
-        return self.log.runs(limit=limit, **filters)
-
-    def export(self, run_id: int | None, kind: str) -> str:
-        """Write run ``run_id`` (``kind`` "json" or "html") or the runs table ("csv") to a file in
-        a temporary folder; returns its path."""
-        import tempfile  # noqa: PLC0415
-
-        from ssr_ui.export import run_to_html, run_to_json, runs_to_csv  # noqa: PLC0415
-
-        folder = Path(tempfile.mkdtemp(prefix="ssr-studio-"))
-        if kind == "csv":
-            path = folder / "runs.csv"
-            path.write_text(runs_to_csv(self.log.runs(limit=100_000)), encoding="utf-8")
-            return str(path)
-        run_id = _run_id(run_id)
-        row, events = self.log.run(run_id), self.log.events(run_id)
-        if kind == "json":
-            text = run_to_json(row, events)
-        elif kind == "html":
-            text = run_to_html(row, events, CSS)
-        else:
-            raise ValueError(f"unknown export format {kind!r}")
-        path = folder / f"run-{int(run_id)}.{kind}"
-        path.write_text(text, encoding="utf-8")
-        return str(path)
-
-    def import_trace(self, path: str) -> Frame:
-        """Render a JSON trace file exported from any studio."""
-        from ssr_ui.export import run_from_json  # noqa: PLC0415
-
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise ValueError(f"cannot read {Path(path).name}: {err}") from None
-        row, events = run_from_json(text)
-        return self._past(row, events)
-
-    def replay(self, run_id) -> Frame:
-        """Re-render a past run from its logged events."""
-        run_id = _run_id(run_id)
-        return self._past(self.log.run(run_id), self.log.events(run_id))
-
-    def _past(self, row: dict, events: list) -> Frame:
-        """A logged or imported run as the Run tab showed it: panes, every metric, the vs-baseline ratio."""
-        view = TraceView(method=str(row.get("method", "")))
-        for ev in events:
-            view.apply(ev)
-        fields = {k: row[k] for k in RunStats.field_names() if row.get(k) is not None}
-        view.stats = RunStats(**fields)
-        view.phase = {"ok": "done", "cancelled": "stopped"}.get(row.get("status"), str(row.get("status", "imported")))
-        compare = None
-        if row.get("method") not in (None, "baseline") and view.stats.wall_s and row.get("prompt"):
-            config = row.get("config")
-            cfg = RunConfig(**{k: v for k, v in (config if isinstance(config, dict) else json_object(config)).items()
-                               if k in RunConfig.field_names()})
-            view.done = _Done(view.stats, row.get("answer_text") or "")
-            compare = self.compare_to_baseline(view, str(row.get("model")), row["prompt"], cfg)
-        frame = Frame.of(view, metrics_html(view, str(row.get("method", "?")), compare))
-        return dataclasses.replace(frame, prompt=str(row.get("prompt", "")))
-
-
-@dataclass
-class _Done:
-    """What compare_to_baseline reads of a finished run."""
-
-    stats: RunStats
-    answer_text: str
-
-
-def _run_id(value) -> int:
-    """A run id typed in History (or sent through the API), as a whole number."""
-    if value is None or value == "":
-        raise ValueError("enter a run id from the table first")
-    return number("run id", value, whole=True)
-
 
 def _config_has(row: dict, values: dict) -> bool:
     config = json_object(row.get("config"))

@@ -11,7 +11,14 @@ import html
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.events import DoneEvent, PhaseEvent, RunStats, StepEvent, TokenEvent, TokenTally
+from engine.events import (
+    DoneEvent,
+    PhaseEvent,
+    RunStats,
+    StepEvent,
+    TokenEvent,
+    TokenTally,
+)
 
 CSS = (Path(__file__).resolve().parents[1] / "assets" / "studio.css").read_text()
 STATUS_LABEL = {"generated": "generated", "accepted": "accepted", "recovered": "suffix-recovered",

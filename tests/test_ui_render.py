@@ -52,9 +52,9 @@ def studio(tmp_path):
     from engine.methods.rsd.prm import MathShepherdScorer
 
     s = Studio("tiny", db=str(tmp_path / "runs.db"))
-    s._models["tiny"] = make_model("llama", init_scale=3.0)
-    s._models["tiny-draft"] = make_model("qwen2", seed=4, init_scale=2.0)
-    s._scorers["tiny-prm"] = MathShepherdScorer(make_model("llama", seed=5))
+    s.add_model("tiny", make_model("llama", init_scale=3.0))
+    s.add_model("tiny-draft", make_model("qwen2", seed=4, init_scale=2.0))
+    s.add_scorer("tiny-prm", MathShepherdScorer(make_model("llama", seed=5)))
     return s
 
 
@@ -201,7 +201,7 @@ def test_rsd_mode_shows_steps_scores_and_rejections(studio):
 def test_rsd_with_incompatible_draft_is_a_message(studio):
     other = make_model("qwen2")
     other.tokenizer.add_tokens(["<extra>"])
-    studio._models["odd"] = other
+    studio.add_model("odd", other)
     frames = list(studio.run("hi", "RSD", "tiny", "odd", "target-likelihood", max_think=10))
     assert "do not share a tokenizer" in frames[-1].metrics
 

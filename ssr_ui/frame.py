@@ -1,0 +1,35 @@
+"""One UI update of the studio: the three panes, the metrics strip and what the page keeps of it."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from ssr_ui.render import TraceView
+
+
+@dataclass
+class Frame:
+    """One UI update: the three panes, the metrics strip and (after Compare) a chart plus every
+    compared run's own final frame, so the UI can switch the panes between them."""
+
+    reasoning: str
+    draft: str
+    answer: str
+    metrics: str
+    chart: object = None
+    view: TraceView | None = None  # the run as folded so far (lets the UI re-render one draft)
+    runs: dict[str, Frame] | None = None  # after Compare: each run's final frame, by mode name
+    prompt: str = ""  # a past run's prompt (History)
+
+    @classmethod
+    def of(cls, view: TraceView, metrics: str, chart=None) -> Frame:
+        return cls(view.reasoning_html(), view.draft_html(), view.answer_html(), metrics, chart, view)
+
+    @classmethod
+    def note(cls, message: str) -> Frame:
+        """Empty panes and a status line (loading, waiting)."""
+        return cls.of(TraceView(), f'<div class="metrics status">{html.escape(message)}</div>')
+
+    def as_tuple(self):
+        return self.reasoning, self.draft, self.answer, self.metrics, self.chart

@@ -1,0 +1,96 @@
+"""The studio's past runs: the History table, exports (JSON, HTML, CSV), imports, and re-rendering
+a logged or imported run as the Run tab showed it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.config import RunConfig, number
+from engine.events import RunStats
+from ssr_ui.frame import Frame
+from ssr_ui.jobs import json_object
+from ssr_ui.render import CSS, TraceView, metrics_html
+
+
+class PastRuns:
+    """History, export, import and replay over ``self.log`` (a :class:`~engine.runlog.RunLog`);
+    a replayed run's ratio to its baselines comes from ``self.compare_to_baseline``, as live."""
+
+    def history(self, method: str = "all", limit: int = 200) -> list[dict]:
+        filters = {} if method in ("", "all", None) else {"method": method}
+        return self.log.runs(limit=limit, **filters)
+
+    def export(self, run_id: int | None, kind: str) -> str:
+        """Write run ``run_id`` (``kind`` "json" or "html") or the runs table ("csv") to a file in
+        a temporary folder; returns its path."""
+        import tempfile  # noqa: PLC0415
+
+        from ssr_ui.export import run_to_html, run_to_json, runs_to_csv  # noqa: PLC0415
+
+        folder = Path(tempfile.mkdtemp(prefix="ssr-studio-"))
+        if kind == "csv":
+            path = folder / "runs.csv"
+            path.write_text(runs_to_csv(self.log.runs(limit=100_000)), encoding="utf-8")
+            return str(path)
+        run_id = _run_id(run_id)
+        row, events = self.log.run(run_id), self.log.events(run_id)
+        if kind == "json":
+            text = run_to_json(row, events)
+        elif kind == "html":
+            text = run_to_html(row, events, CSS)
+        else:
+            raise ValueError(f"unknown export format {kind!r}")
+        path = folder / f"run-{int(run_id)}.{kind}"
+        path.write_text(text, encoding="utf-8")
+        return str(path)
+
+    def import_trace(self, path: str) -> Frame:
+        """Render a JSON trace file exported from any studio."""
+        from ssr_ui.export import run_from_json  # noqa: PLC0415
+
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"cannot read {Path(path).name}: {err}") from None
+        row, events = run_from_json(text)
+        return self._past(row, events)
+
+    def replay(self, run_id) -> Frame:
+        """Re-render a past run from its logged events."""
+        run_id = _run_id(run_id)
+        return self._past(self.log.run(run_id), self.log.events(run_id))
+
+    def _past(self, row: dict, events: list) -> Frame:
+        """A logged or imported run as the Run tab showed it: panes, every metric, the vs-baseline ratio."""
+        view = TraceView(method=str(row.get("method", "")))
+        for ev in events:
+            view.apply(ev)
+        fields = {k: row[k] for k in RunStats.field_names() if row.get(k) is not None}
+        view.stats = RunStats(**fields)
+        view.phase = {"ok": "done", "cancelled": "stopped"}.get(row.get("status"), str(row.get("status", "imported")))
+        compare = None
+        if row.get("method") not in (None, "baseline") and view.stats.wall_s and row.get("prompt"):
+            config = row.get("config")
+            cfg = RunConfig(**{k: v for k, v in (config if isinstance(config, dict) else json_object(config)).items()
+                               if k in RunConfig.field_names()})
+            view.done = _Done(view.stats, row.get("answer_text") or "")
+            compare = self.compare_to_baseline(view, str(row.get("model")), row["prompt"], cfg)
+        frame = Frame.of(view, metrics_html(view, str(row.get("method", "?")), compare))
+        return dataclasses.replace(frame, prompt=str(row.get("prompt", "")))
+
+
+@dataclass
+class _Done:
+    """What compare_to_baseline reads of a finished run."""
+
+    stats: RunStats
+    answer_text: str
+
+
+def _run_id(value) -> int:
+    """A run id typed in History (or sent through the API), as a whole number."""
+    if value is None or value == "":
+        raise ValueError("enter a run id from the table first")
+    return number("run id", value, whole=True)
