@@ -132,7 +132,7 @@ def number(name: str, value, whole: bool = False) -> float | int:
     """A finite number (a whole one with ``whole``) from a number or a numeric string; ValueError
     naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"{name}={value!r} must be a number")
+        raise ValueError(f"{name}={value!r} must be a number")  # noqa: TRY004 (the boundary's one error type, caught as such)
     if whole and isinstance(value, int):
         return value
     try:

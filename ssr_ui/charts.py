@@ -67,7 +67,7 @@ def token_composition(rows: list[dict]) -> go.Figure:
 
 def speedup_vs_draft_start(rows: list[dict]) -> go.Figure:
     """History: SSR latency ratio to the median logged baseline of the same prompt and model."""
-    import statistics  # noqa: PLC0415
+    import statistics
 
     ok = [r for r in rows if r["status"] == "ok" and r["wall_s"]]
     xs, ys, text = [], [], []

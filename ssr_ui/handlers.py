@@ -275,7 +275,7 @@ class Studio(ModelShelf, PastRuns):
                 for _ in self._stream(lm, prompt, "Baseline", configs[0], base, job=job, last=False):
                     pass
                 points, view = [], base
-                for d, cfg in zip(starts, configs):
+                for d, cfg in zip(starts, configs, strict=True):
                     if job.cancelled:
                         break
                     view = TraceView()
@@ -290,8 +290,8 @@ class Studio(ModelShelf, PastRuns):
                            charts.sweep_chart(points))
                 if job.cancelled:
                     in_flight = " (the run in flight is logged as cancelled)" if view.phase == "stopped" else ""
-                    yield (f'<div class="metrics">sweep stopped after {len(points)} of {len(starts)} draft '
-                           f'starts{in_flight}</div>', charts.sweep_chart(points))
+                    yield ((f'<div class="metrics">sweep stopped after {len(points)} of {len(starts)} draft '
+                           f'starts{in_flight}</div>'), charts.sweep_chart(points))
         except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
             yield error_html(str(err)), None
 

@@ -25,9 +25,9 @@ class PastRuns:
     def export(self, run_id: int | None, kind: str) -> str:
         """Write run ``run_id`` (``kind`` "json" or "html") or the runs table ("csv") to a file in
         a temporary folder; returns its path."""
-        import tempfile  # noqa: PLC0415
+        import tempfile
 
-        from ssr_ui.export import run_to_html, run_to_json, runs_to_csv  # noqa: PLC0415
+        from ssr_ui.export import run_to_html, run_to_json, runs_to_csv
 
         folder = Path(tempfile.mkdtemp(prefix="ssr-studio-"))
         if kind == "csv":
@@ -48,7 +48,7 @@ class PastRuns:
 
     def import_trace(self, path: str) -> Frame:
         """Render a JSON trace file exported from any studio."""
-        from ssr_ui.export import run_from_json  # noqa: PLC0415
+        from ssr_ui.export import run_from_json
 
         try:
             text = Path(path).read_text(encoding="utf-8")

@@ -102,7 +102,7 @@ class Job:
 
 def current_event_id() -> str | None:
     """The Gradio event id of the job this handler is running (None outside a Gradio queue)."""
-    from gradio.context import LocalContext  # noqa: PLC0415
+    from gradio.context import LocalContext
 
     return LocalContext.event_id.get(None)
 

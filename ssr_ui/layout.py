@@ -61,7 +61,7 @@ def _api_signature(cfg, settings: dict, models: dict):
     order, its default ``cfg``'s value (or ``models``' for the model names). Gradio calls it
     positionally, in the same order; the wrapper (a generator too, so Gradio streams it) hands the
     values on by name."""
-    import inspect  # noqa: PLC0415
+    import inspect
 
     names = list(settings)
 
@@ -72,8 +72,8 @@ def _api_signature(cfg, settings: dict, models: dict):
 
         @functools.wraps(fn)
         def call(request, prompt, method="SSR", model="", *values, **named):
-            given = {**dict(zip(names, values)), **named}
-            yield from fn(request, prompt, method, model, **{n: given.get(n, p.default) for n, p in zip(names, tail)})
+            given = {**dict(zip(names, values, strict=False)), **named}  # fewer values: the rest by name or default
+            yield from fn(request, prompt, method, model, **{n: given.get(n, p.default) for n, p in zip(names, tail, strict=True)})
 
         call.__signature__ = inspect.Signature([*head, *tail])
         return call

@@ -131,8 +131,8 @@ class TraceView:
         if step is None:
             return []
         score = f" {step.reward:.2f}" if step.reward is not None else ""
-        return [f'<span class="step step-{step.source}" title="step {step.index}: written by the {step.source}'
-                f'{", PRM score" + score if score else ""}">{step.source}{score}</span>']
+        return [(f'<span class="step step-{step.source}" title="step {step.index}: written by the {step.source}'
+                f'{", PRM score" + score if score else ""}">{step.source}{score}</span>')]
 
     def draft_html(self, which: int | None = None) -> str:
         if self.steps:  # RSD: every rejected draft step, with the score that rejected it

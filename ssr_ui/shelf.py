@@ -33,7 +33,7 @@ class ModelShelf:
                 def work():
                     try:
                         out["value"] = load()
-                    except Exception as err:  # handed to the caller's thread below
+                    except Exception as err:  # noqa: BLE001 (any load failure is handed to the caller's thread)
                         out["error"] = err
 
                 worker = threading.Thread(target=work, name=f"load {key}", daemon=True)

@@ -26,7 +26,7 @@ def launched(folder: Path, *args: str, db: Path | None = None):
     goes to ``folder/app.log``. The process is stopped on exit (if it is still running)."""
     port, db = free_port(), db or folder / "runs.db"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1"}
-    log = open(folder / "app.log", "w")
+    log = open(folder / "app.log", "w")  # noqa: SIM115 (the process writes to it until the caller stops it)
     proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--db", str(db), *args], cwd=ROOT,
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -45,7 +45,7 @@ def launched(folder: Path, *args: str, db: Path | None = None):
 def wait_for(check, what: str, timeout: float = 120.0, every: float = 0.05):
     """Poll ``check()`` until it returns something truthy, and return that; fail naming ``what``
     after ``timeout`` seconds (generous: a wait is for an event, never a bet on the machine's speed)."""
-    import time  # noqa: PLC0415
+    import time
 
     deadline = time.monotonic() + timeout
     while True:
@@ -61,7 +61,7 @@ def cancel_replies(monkeypatch) -> list[dict]:
     """From now on until the test ends, collect the studio's replies to ``gradio_client``'s cancels
     (``Job.cancel()`` posts with ``httpx.post`` and drops the reply): a list that grows by one
     reply per cancel sent."""
-    import httpx  # noqa: PLC0415
+    import httpx
 
     replies: list[dict] = []
     post = httpx.post

@@ -9,6 +9,6 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"  # set before transformers / huggingface_hub are imported
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-import torch  # noqa: E402
+import torch
 
 torch.set_num_threads(int(os.environ.get("SSR_TEST_THREADS", "1")))

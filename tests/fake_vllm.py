@@ -112,7 +112,7 @@ class FakeVllm:
 
     def _pool(self, body: dict) -> dict:
         """A math-shepherd PRM served with STEP pooling as a two-way classifier: p(+) at each tag."""
-        from engine.methods.rsd.prm import STEP_TAG, _single_token  # noqa: PLC0415
+        from engine.methods.rsd.prm import STEP_TAG, _single_token
 
         tok = self.lm.tokenizer
         tag, plus, minus = (_single_token(tok, t, "prm", allow_prefix=t != STEP_TAG) for t in (STEP_TAG, "+", "-"))

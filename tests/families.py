@@ -23,9 +23,19 @@ SMALL = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_ke
 
 
 def _config(name: str, vocab: int):
-    from transformers import (  # noqa: PLC0415
-        Exaone4Config, Gemma2Config, Gemma3TextConfig, Gemma4TextConfig, GptOssConfig, Lfm2Config,
-        LlamaConfig, MistralConfig, NemotronHConfig, Olmo3Config, Phi3Config, Qwen3_5TextConfig,
+    from transformers import (
+        Exaone4Config,
+        Gemma2Config,
+        Gemma3TextConfig,
+        Gemma4TextConfig,
+        GptOssConfig,
+        Lfm2Config,
+        LlamaConfig,
+        MistralConfig,
+        NemotronHConfig,
+        Olmo3Config,
+        Phi3Config,
+        Qwen3_5TextConfig,
         Qwen3NextConfig,
     )
 
@@ -85,7 +95,7 @@ SCALED_ROPE = ("phi3-longrope", "llama-dynamic")
 FAMILIES = (*SLIDING, *RECURRENT, *SCALED_ROPE)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def family_model(name: str, seed: int = 0, scale: float = 3.0, dtype: torch.dtype = torch.float64) -> LoadedModel:
     """A random model of family ``name`` (float64 unless asked) with the in-memory test tokenizer."""
     tok = make_tokenizer("open")

@@ -33,7 +33,7 @@ def test_gradio_client_streams_a_run_into_the_log(app):
     client = Client(url, verbose=False)
     job = client.submit(prompt=CLASS_PROMPT, method="SSR", api_name="/run")
     updates = sum(1 for _ in job)
-    reasoning, draft, answer, metrics = job.result()[:4]
+    _reasoning, _draft, answer, metrics = job.result()[:4]
     assert updates >= 5, "the run should stream in many updates"
     assert "done" in metrics and "st-" in answer
     rows = sqlite3.connect(db).execute("select method, status, answer_tokens from runs").fetchall()
@@ -57,7 +57,7 @@ def test_two_clients_queue_and_see_only_their_own_run(app):
     logged = {p: (r, a) for p, r, a in sqlite3.connect(db).execute(
         "select prompt, reasoning_text, answer_text from runs where method = 'baseline'")}
     assert logged[prompts[0]] != logged[prompts[1]]
-    for p, (reasoning, _draft, answer, *_rest) in zip(prompts, panes):
+    for p, (reasoning, _draft, answer, *_rest) in zip(prompts, panes, strict=True):
         # the pane shows the end-of-thinking marker as a badge, not as raw "</think>"
         assert _text(reasoning).removesuffix("end of thinking") == logged[p][0].removesuffix("</think>"), \
             "a client saw reasoning that is not from its own run"
@@ -81,7 +81,7 @@ def test_cancel_stops_the_run_and_logs_it(app, monkeypatch):
 
     wait_for(cancelled_rows, "the cancelled run's row")
     # the model is free again: the next run completes
-    reasoning, draft, answer, metrics = Client(url, verbose=False).predict(
+    _reasoning, _draft, _answer, metrics = Client(url, verbose=False).predict(
         prompt="Start with 3, then add 4. What is the result?", method="Baseline", api_name="/run")[:4]
     assert "done" in metrics
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from engine.tools import bench
-from engine.runtime.model import ModelLoadError, load_model
 from engine.runlog import RunLog
+from engine.runtime.model import ModelLoadError, load_model
+from engine.tools import bench
 from tests.tiny import make_model
 
 
@@ -44,7 +45,7 @@ def test_bench_end_to_end(model_dir, prompts, tmp_path, capsys):
     for run in result["runs"]:
         assert required <= set(run)
     assert [r["method"] for r in result["runs"][:8]] == ["baseline", "ssr", "hf", "hf-pld"] * 2  # interleaved
-    assert "correct" in [r for r in result["runs"] if r["prompt_id"] == "b"][0]
+    assert "correct" in next(r for r in result["runs"] if r["prompt_id"] == "b")
     summary = {row["method"]: row for row in result["summary"]}
     assert summary["baseline"]["median_latency_ratio_to_baseline"] == 1.0
     assert summary["ssr"]["answers_equal_baseline"] == 2
@@ -59,7 +60,7 @@ def test_hf_peer_splits_at_the_marker_and_matches_baseline(model_dir, prompts, t
     assert bench.main(["--model", str(model_dir), "--methods", "baseline,hf", "--prompts", str(prompts), "--out",
                        str(out), "--max-think", "40", "--draft-start", "3", "--max-answer", "6", "--warmup", "0"]) == 0
     runs = json.loads(out.read_text())["runs"]
-    for base, hf in zip(runs[::2], runs[1::2]):
+    for base, hf in zip(runs[::2], runs[1::2], strict=True):
         n = len(base["reasoning_token_ids"])
         if n <= 40:  # the model closed its thoughts by itself: generate() must agree exactly
             assert hf["reasoning_token_ids"][:n] == base["reasoning_token_ids"]
@@ -98,10 +99,10 @@ def test_missing_models_name_the_id(tmp_path, monkeypatch):
 
 
 def test_model_without_markers_plain_works_ssr_explains(model_dir, tmp_path):
-    from engine.methods.baseline import decode_baseline
     from engine.config import RunConfig
-    from engine.runtime.model import SSRUnsupportedError
+    from engine.methods.baseline import decode_baseline
     from engine.methods.ssr.loop import decode_ssr
+    from engine.runtime.model import SSRUnsupportedError
 
     lm = load_model(str(model_dir))
     lm.markers = None
@@ -180,8 +181,8 @@ def test_bundled_model_gets_its_tuned_settings_by_name_or_folder():
 
 def test_hf_static_peer_equals_our_plain_loop():
     """generate() with the static cache, as a transformers user picks it for speed, on a tiny model."""
-    from engine.methods.baseline import decode_baseline
     from engine.config import RunConfig
+    from engine.methods.baseline import decode_baseline
     from engine.registry import decoder
     from tests.tiny import make_model
 
@@ -213,7 +214,7 @@ def main_exit(args):
 
     folder = tempfile.mkdtemp()
     prompts = f"{folder}/p.jsonl"
-    open(prompts, "w").write('{"prompt": "hi"}\n')
+    Path(prompts).write_text('{"prompt": "hi"}\n')
     return bench.main([*args, "--prompts", prompts, "--out", f"{folder}/out.json"])
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.methods.baseline import decode_baseline
 from engine.config import RunConfig
+from engine.methods.baseline import decode_baseline
 from engine.runtime.model import load_model
 from engine.training.evaluate import KNOWN_BUDGET
 from tests.numeric import (

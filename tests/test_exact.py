@@ -13,18 +13,18 @@ import functools
 import pytest
 import torch
 
-from engine.tools.agreement import agreement
-from engine.methods.baseline import decode_baseline
 from engine.config import RunConfig
-from engine.tools.gpu_check import logits_beside as _logits
+from engine.methods.baseline import decode_baseline
 from engine.methods.ssr.loop import decode_ssr
+from engine.tools.agreement import agreement
+from engine.tools.gpu_check import logits_beside as _logits
 from tests.tiny import make_model
 
 ARCHS = ("llama", "qwen3")
 PROMPT = "Start with 7. 7 plus 5 is 12, then the lazy dog jumps over the fence"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fp32(arch: str):
     return make_model(arch, seed=4, dtype=torch.float32, init_scale=3.0)
 

@@ -15,12 +15,12 @@ import functools
 import pytest
 import torch
 
-from engine.methods.baseline import decode_baseline
 from engine.config import RunConfig
-from engine.methods.rsd.prm import MathShepherdScorer
+from engine.methods.baseline import decode_baseline
 from engine.methods.rsd.loop import decode_rsd
-from engine.runtime.cache import checkpoint, crop, restore, seq_length
+from engine.methods.rsd.prm import MathShepherdScorer
 from engine.methods.ssr.loop import decode_ssr
+from engine.runtime.cache import checkpoint, crop, restore, seq_length
 from tests.families import RECURRENT, SCALED_ROPE, SLIDING, SWITCH, family_model
 from tests.numeric import bug_id, expect, gap
 from tests.tiny import with_tokens
@@ -42,7 +42,7 @@ def final(events):
     return list(events)[-1]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def baseline(lm, prompt, max_think, max_answer):
     return final(decode_baseline(lm, prompt, RunConfig(max_think=max_think, max_answer=max_answer)))
 

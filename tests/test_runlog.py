@@ -9,9 +9,8 @@ import pytest
 
 from engine.config import RunConfig
 from engine.events import RunStats
-from engine.runlog import store
-from engine.runlog import SCHEMA_VERSION, RunLog, RunLogError, RunMeta
 from engine.methods.ssr.loop import decode_ssr
+from engine.runlog import SCHEMA_VERSION, RunLog, RunLogError, RunMeta, store
 from tests.tiny import make_model
 
 CFG = RunConfig(max_think=10, draft_start=2, max_draft=6, max_answer=8)
@@ -65,7 +64,7 @@ def test_writes_from_many_threads(tmp_path, lm):
     def work(i):
         try:
             log.save(RunMeta("baseline", "m", f"p{i}"), [], "ok")
-        except Exception as err:  # collected for the assertion below
+        except Exception as err:  # noqa: BLE001 (collected for the assertion below)
             errors.append(err)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]

@@ -13,9 +13,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from engine.config import RunConfig
 from engine.methods import sampling
 from engine.methods.baseline import decode_baseline
-from engine.config import RunConfig
 from engine.methods.sampling import target_probs, verify_sampled
 from engine.methods.ssr.loop import decode_ssr
 from tests.tiny import make_model
@@ -74,7 +74,7 @@ def test_top_p_keeps_the_nucleus():
 # ----------------------------------------------------------------------------- end to end
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _lm():
     return make_model("llama", seed=11, init_scale=6.0)
 
@@ -101,12 +101,12 @@ def test_ssr_sampling_matches_plain_sampling(monkeypatch):
     common = [c for c in cats if plain.count(c) + ssr.count(c) >= 10]
     table = [[plain.count(c) for c in common] + [sum(plain.count(c) for c in cats if c not in common)],
              [ssr.count(c) for c in common] + [sum(ssr.count(c) for c in cats if c not in common)]]
-    table = [row for row in zip(*table) if sum(row) > 0]
-    assert chi2_contingency(list(zip(*table))).pvalue > 1e-3
+    table = [row for row in zip(*table, strict=True) if sum(row) > 0]
+    assert chi2_contingency(list(zip(*table, strict=True))).pvalue > 1e-3
 
     monkeypatch.setattr(sampling, "verify_sampled", _always_accept)
     broken = _answer_heads(decode_ssr, cfg)
     table = [[plain.count(c) for c in common] + [sum(plain.count(c) for c in cats if c not in common)],
              [broken.count(c) for c in common] + [sum(broken.count(c) for c in cats if c not in common)]]
-    table = [row for row in zip(*table) if sum(row) > 0]
-    assert chi2_contingency(list(zip(*table))).pvalue < 1e-3, "the test cannot tell a broken rule apart"
+    table = [row for row in zip(*table, strict=True) if sum(row) > 0]
+    assert chi2_contingency(list(zip(*table, strict=True))).pvalue < 1e-3, "the test cannot tell a broken rule apart"

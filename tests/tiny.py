@@ -39,7 +39,7 @@ TEMPLATES = {
     ),
 }
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tokenizer_json() -> str:
     """A byte-level BPE with a fixed vocabulary (specials, then the 256 byte symbols) and a few
     fixed merges: the same ids in every process (a trained BPE can break ties differently)."""
@@ -105,7 +105,7 @@ def make_model(arch: str = "llama", seed: int = 0, style: str = "open", dtype=to
 def with_tokens(lm: LoadedModel, eos: int | None = None, close: int | None = None) -> LoadedModel:
     """The same model with a chosen token treated as end of sequence or end of thinking, to steer
     a random model into the control-flow corners (an end inside a draft, a stray marker)."""
-    from dataclasses import replace  # noqa: PLC0415
+    from dataclasses import replace
 
     out = LoadedModel(lm.model, lm.tokenizer, lm.model_id, lm.markers)
     if eos is not None:
@@ -138,7 +138,7 @@ def make_small_vocab_model(seed: int = 0, init_scale: float = 2.0) -> LoadedMode
     """A float64 Llama over eight words (``a``, ``b``, ``c``, the markers, end of sequence): small
     enough to enumerate its exact output distribution for a few tokens. End of sequence scores
     exactly as ``a`` everywhere, so drafts and answers end often (the corner sampling must get right)."""
-    from tokenizers import pre_tokenizers as pre  # noqa: PLC0415
+    from tokenizers import pre_tokenizers as pre
 
     words = ["<|endoftext|>", "<|im_end|>", "<think>", "</think>", "a", "b", "c", "[UNK]"]
     inner = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))

@@ -21,8 +21,8 @@ from transformers.generation.streamers import BaseStreamer
 
 from engine.config import RunConfig
 from engine.events import Event
-from engine.runtime.model import LoadedModel
 from engine.methods.recorder import Recorder
+from engine.runtime.model import LoadedModel
 
 PLD_TOKENS = 10
 
@@ -56,7 +56,7 @@ def decode_hf(lm: LoadedModel, prompt: str, cfg: RunConfig, prompt_lookup: bool 
     hook = lm.model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     clock = _Clock()
     kwargs = dict(max_new_tokens=cfg.max_think + cfg.max_answer, eos_token_id=sorted(lm.eos_ids),
-                  pad_token_id=lm.tokenizer.pad_token_id or sorted(lm.eos_ids)[0], streamer=clock)
+                  pad_token_id=lm.tokenizer.pad_token_id or min(lm.eos_ids), streamer=clock)
     if cfg.greedy:
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
     else:

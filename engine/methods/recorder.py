@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import torch
 
-from engine.methods.detok import IncrementalDetokenizer
 from engine.events import DoneEvent, PhaseEvent, RunStats, TokenEvent, TokenTally
+from engine.methods.detok import IncrementalDetokenizer
 
 
 class Recorder:

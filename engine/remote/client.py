@@ -34,8 +34,7 @@ class VllmClient:
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, timeout: float = 120.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
-        if self.base_url.endswith("/v1"):
-            self.base_url = self.base_url[: -len("/v1")]
+        self.base_url = self.base_url.removesuffix("/v1")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
         self.model = model
@@ -85,7 +84,7 @@ class VllmClient:
                         raise BackendError(f"{self.base_url} returned no token ids (return_token_ids needs vLLM "
                                            ">= 0.10.2)")
                     if logprobs:
-                        yield from zip(ids, (choice.get("logprobs") or {}).get("token_logprobs") or [])
+                        yield from zip(ids, (choice.get("logprobs") or {}).get("token_logprobs") or [], strict=False)
                     else:
                         yield from ids
                     if choice.get("finish_reason") is not None:

@@ -7,8 +7,15 @@ from __future__ import annotations
 
 import torch
 
-from engine.runtime.model import ModelLoadError, SSRUnsupportedError, ThinkMarkers, chat_prompt_ids, find_markers, resolve_model_path
 from engine.remote.client import VllmClient
+from engine.runtime.model import (
+    ModelLoadError,
+    SSRUnsupportedError,
+    ThinkMarkers,
+    chat_prompt_ids,
+    find_markers,
+    resolve_model_path,
+)
 
 
 class RemoteModel:
@@ -65,7 +72,7 @@ def connect(name: str, base_url: str, api_key: str | None = None, served_name: s
     """A model on a vLLM server at ``base_url``; ``name`` (a bundled name, preset, local folder or
     Hub id) gives the tokenizer, ``served_name`` the server's name for it (default: what the server
     serves, if one model). Checks the server before anything runs."""
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoTokenizer
 
     path, preset = resolve_model_path(name)
     try:

@@ -74,8 +74,8 @@ def prompt_hash(prompt: str) -> str:
 
 
 def library_versions() -> dict:
-    import torch  # noqa: PLC0415
-    import transformers  # noqa: PLC0415
+    import torch
+    import transformers
 
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
 

@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from engine.runtime.model import LoadedModel
 from engine.runtime.cache import checkpoint, crop
+from engine.runtime.model import LoadedModel
 
 
 class CachedModel:

@@ -58,7 +58,7 @@ def compile_reason(mode: str, device: torch.device, recurrent: bool, exact: bool
 
 def _compiler_available() -> bool:
     try:
-        import torch._dynamo  # noqa: PLC0415
+        import torch._dynamo
         return torch._dynamo.is_dynamo_supported()
     except Exception:  # noqa: BLE001 - any import or platform failure means no compiler
         return False
@@ -75,7 +75,7 @@ class CompiledSteps:
     _fn: object = None
 
     def __post_init__(self) -> None:
-        import torch._dynamo  # noqa: PLC0415
+        import torch._dynamo
 
         # a run meets rows (1 + drafts) x width buckets shapes, more over runs of other sizes
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 128)

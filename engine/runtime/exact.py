@@ -62,7 +62,7 @@ def exact_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
     if kwargs.get("s_aux") is not None:
         raise ValueError("exact mode does not support attention sinks (gpt-oss): turn exact mode off for this model")
     softcap = kwargs.get("softcap")
-    b, h, t, d = query.shape
+    b, h, t, _d = query.shape
     groups = h // key.shape[1]
     out = query.new_empty(b, t, h, value.shape[-1])
     for row in range(b):
@@ -81,8 +81,8 @@ def exact_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
 
 
 def _register() -> None:
-    from transformers import AttentionInterface  # noqa: PLC0415
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask  # noqa: PLC0415
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
     AttentionInterface.register(NAME, exact_attention)
     AttentionMaskInterface.register(NAME, eager_mask)  # an additive mask, always materialised

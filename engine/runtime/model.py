@@ -317,7 +317,7 @@ def load_model(name: str | None = None, device: str | None = None, dtype: str | 
     Errors name the id and the reason (missing folder, offline Hub, unknown id) as a
     :class:`ModelLoadError`.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path, preset = resolve_model_path(name)
     dev = pick_device(device)
@@ -356,7 +356,7 @@ def random_weights_model(name: str, device: str | None = None, dtype: str | None
     (``--random-weights``): meaningless text, real per-token costs. ``overrides`` change shapes
     (``engine.tools.gpu_check`` shrinks the model on a CPU). Output rows of ids the bundled tokenizer
     lacks are zeroed, so every generated id decodes."""
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM  # noqa: PLC0415
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     preset = PRESETS.get(name)
     if preset is None or preset.shape is None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+
 @dataclass(frozen=True)
 class Rope:
     kind: str | None  # "longrope", "dynamic" or None (frequencies fixed)
@@ -63,7 +64,7 @@ def rope_of(model) -> Rope:
     for p in per_type:
         kind = p.get("rope_type")
         if kind == "longrope":
-            switch = p.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings")
+            switch = p.get("original_max_position_embeddings") or config.original_max_position_embeddings
             return Rope("longrope", int(switch))
         if kind is not None and "dynamic" in kind:
             return Rope("dynamic", int(config.max_position_embeddings), float(p.get("factor", 1.0)))

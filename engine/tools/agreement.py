@@ -36,7 +36,8 @@ class Agreement:
 
 def agreement(lm: LoadedModel, prompt: str, base_ids: list[int], other_ids: list[int]) -> Agreement:
     """Compare ``other_ids`` with plain decoding's ``base_ids`` (both reasoning + answer)."""
-    n = next((i for i, (a, b) in enumerate(zip(base_ids, other_ids)) if a != b), min(len(base_ids), len(other_ids)))
+    n = next((i for i, (a, b) in enumerate(zip(base_ids, other_ids, strict=False)) if a != b),  # lengths may differ
+             min(len(base_ids), len(other_ids)))
     if n == len(base_ids) == len(other_ids):
         return Agreement(None, None)
     prefix = lm.prompt_ids(prompt) + base_ids[:n]

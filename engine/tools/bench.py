@@ -152,7 +152,7 @@ def format_table(summary: list[dict]) -> str:
     cells = [[h for _, h, _ in cols]] + [[f.format(row[k]) if row.get(k) is not None else "-" for k, _, f in cols]
                                           for row in summary]
     widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells)
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -199,7 +199,7 @@ def _server(base_url: str | None, api_key: str | None, served_name: str | None) 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
-        import torch  # noqa: PLC0415
+        import torch
 
         torch.set_num_threads(args.threads)
     try:

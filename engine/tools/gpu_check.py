@@ -71,7 +71,7 @@ def random_model(device: torch.device) -> LoadedModel:
     """The qwen3-4b preset with random weights on CUDA; a small model of its family on the CPU."""
     if device.type == "cuda":
         return random_weights_model("qwen3-4b", str(device))
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoTokenizer
 
     vocab = len(AutoTokenizer.from_pretrained(BUNDLED_DIR / "tiny-reasoner"))
     return random_weights_model("qwen3-4b", str(device), vocab_size=vocab, tie_word_embeddings=False, **SMALL)
@@ -138,11 +138,11 @@ def bundled(device: torch.device, n: int, compile: str = "auto") -> dict:
     for m in runs:  # warm-up
         list(decoder(m, lm)(prompts[0], cfg))
     for p in prompts:
-        for m in runs:
-            runs[m].append(list(decoder(m, lm)(p, cfg))[-1])
-    ratio = {m: statistics.median(r.stats.wall_s / b.stats.wall_s for r, b in zip(runs[m], runs["baseline"]))
-             for m in ("ssr", "hf-pld")}
-    same = sum(s.answer_ids == b.answer_ids for s, b in zip(runs["ssr"], runs["baseline"]))
+        for m, done in runs.items():
+            done.append(list(decoder(m, lm)(p, cfg))[-1])
+    ratio = {m: statistics.median(r.stats.wall_s / b.stats.wall_s
+                                  for r, b in zip(runs[m], runs["baseline"], strict=True)) for m in ("ssr", "hf-pld")}
+    same = sum(s.answer_ids == b.answer_ids for s, b in zip(runs["ssr"], runs["baseline"], strict=True))
     return {"prompts": n, "ssr_over_baseline": ratio["ssr"], "hf_pld_over_baseline": ratio["hf-pld"],
             "ssr_answers_identical": same, "step_mode": runs["ssr"][0].stats.step_mode, "compile_s": lm.compile_seconds}
 

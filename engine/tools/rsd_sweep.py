@@ -44,8 +44,8 @@ def _summary(runs: list[dict], target: dict) -> dict:
 
 
 def chart(rows: list[dict]):
-    import plotly.graph_objects as go  # noqa: PLC0415
-    from plotly.subplots import make_subplots  # noqa: PLC0415
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
     rsd = [r for r in rows if r["threshold"] is not None]
     target = rows[0]
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="also rewrite steps the draft doubts (default: the model's tuned value)")
     args = ap.parse_args(argv)
     if args.threads:
-        import torch  # noqa: PLC0415
+        import torch
 
         torch.set_num_threads(args.threads)
     try:
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps({"runs": runs, "summary": rows}, indent=1))
     if args.html:
         chart(rows).write_html(args.html, include_plotlyjs="cdn")
-    fmt = lambda v, f: "-" if v is None else f.format(v)  # noqa: E731
+    fmt = lambda v, f: "-" if v is None else f.format(v)
     print("setting     accuracy  steps kept  FLOPs/target  latency s")
     for r in rows:
         print(f"{r['setting']:<10}  {fmt(r['accuracy'], '{:8.1%}')}  {fmt(r['fraction_steps_accepted'], '{:10.1%}')}"

@@ -33,15 +33,9 @@ EVAL_SEED_BASE = 1_000_000  # training seeds are < this, held-out evaluation see
 # "self.") are different tokens, so a model must learn that pairing for every name it copies. Lists
 # of 34 field words and 13 class names keep that learnable for the bundled 2.9M model on a CPU
 # budget (the first 2,000 training steps drew from 136 and 50).
-FIELD_WORDS = (
-    "apple cloud flame ivory mango ocean plum robin shell stone tulip wheat amber basil blade "
-    "candle cherry cobalt crane fern ginger iris lark lotus mint oak paper pollen radish "
-    "saffron shadow spruce thunder velvet"
-).split()
+FIELD_WORDS = ["apple", "cloud", "flame", "ivory", "mango", "ocean", "plum", "robin", "shell", "stone", "tulip", "wheat", "amber", "basil", "blade", "candle", "cherry", "cobalt", "crane", "fern", "ginger", "iris", "lark", "lotus", "mint", "oak", "paper", "pollen", "radish", "saffron", "shadow", "spruce", "thunder", "velvet"]
 
-CLASS_NAMES = (
-    "Garden Market Bakery Forest Island Tower Atlas Palette Window Camera Jungle Needle Tablet"
-).split()
+CLASS_NAMES = ["Garden", "Market", "Bakery", "Forest", "Island", "Tower", "Atlas", "Palette", "Window", "Camera", "Jungle", "Needle", "Tablet"]
 
 METHODS = ("reset", "total", "describe", "double", "count", "largest")
 
@@ -192,7 +186,7 @@ def make_example(suite: str, seed: int) -> Example:
 
 # ----------------------------------------------------------------------------- checkers
 
-_FENCE = re.compile(r"```(?:python)?\n(.*?)(?:\n```|$)", re.S)
+_FENCE = re.compile(r"```(?:python)?\n(.*?)(?:\n```|$)", re.DOTALL)
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
 

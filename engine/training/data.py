@@ -117,7 +117,7 @@ def prm_sequence(tokenizer, seed: int, rng: random.Random) -> tuple[list[int], l
     plus, minus = tokenizer.convert_tokens_to_ids("+"), tokenizer.convert_tokens_to_ids("-")
     ids = _encode(tokenizer, ex.prompt)
     targets = [IGNORE] * len(ids)
-    for k, (step, good) in enumerate(zip(steps, labels)):
+    for k, (step, good) in enumerate(zip(steps, labels, strict=True)):
         piece = _encode(tokenizer, (" " if k == 0 else "\n") + f"{step} {STEP_TAG}")
         if k == 0:
             targets[-1] = piece[0]  # the question's last token predicts the first step

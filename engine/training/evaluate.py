@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
+from engine.methods.rsd.prm import MathShepherdScorer
+from engine.presets import BUNDLED_DIR
+from engine.runtime.model import LoadedModel
 from engine.tools.synthetic import EVAL_SEED_BASE, check, make_arithmetic_example, make_example
 from engine.training.data import corrupted_steps, prompt_text
 from engine.training.specs import SPECS
-from engine.runtime.model import LoadedModel
-from engine.methods.rsd.prm import MathShepherdScorer
-from engine.presets import BUNDLED_DIR
 
 
 @torch.inference_mode()
@@ -61,7 +61,7 @@ def prm_auroc(model, tokenizer, n: int) -> float:
     for i in range(n):
         ex = make_arithmetic_example(EVAL_SEED_BASE + i)
         steps, labels = corrupted_steps(ex, rng)
-        for score, ok in zip(scorer.score_all(ex.prompt, steps), labels):
+        for score, ok in zip(scorer.score_all(ex.prompt, steps), labels, strict=True):
             (good if ok else bad).append(score)
         clean = ex.steps
         good += scorer.score_all(ex.prompt, clean)
@@ -81,7 +81,7 @@ def draft_steps_auroc(prm, prm_tokenizer, draft, draft_tokenizer, n: int) -> dic
         steps = [s.strip() for s in reasoning.split("\n\n") if s.strip()] + [answer.strip()]
         reference = ex.steps
         right = True
-        for k, (step, score) in enumerate(zip(steps, scorer.score_all(ex.prompt, steps))):
+        for k, (step, score) in enumerate(zip(steps, scorer.score_all(ex.prompt, steps), strict=True)):
             was_right, right = right, right and k < len(reference) and step == reference[k]
             (good if right else bad).append(score)
             if was_right and not right:
@@ -105,9 +105,9 @@ KNOWN_BUDGET = dict(max_think=300, max_answer=250, draft_start=60)
 def known_outputs(models_dir) -> dict:
     """Each bundled model's greedy output on a fixed held-out prompt (the PRM: its scores on a
     fixed correct and a fixed corrupted solution). tests/test_bundled.py checks these."""
-    from engine.methods.baseline import decode_baseline  # noqa: PLC0415
-    from engine.config import RunConfig  # noqa: PLC0415
-    from engine.runtime.model import load_model  # noqa: PLC0415
+    from engine.config import RunConfig
+    from engine.methods.baseline import decode_baseline
+    from engine.runtime.model import load_model
 
     out = {}
     for name in ("tiny-reasoner", "tiny-reasoner-draft"):
@@ -129,7 +129,7 @@ def known_outputs(models_dir) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
     ap = argparse.ArgumentParser(prog="python -m engine.training.evaluate")

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
     if args.threads:
-        import torch  # noqa: PLC0415
+        import torch
 
         torch.set_num_threads(args.threads)
     studio = Studio(args.model, db=str(Path(tempfile.mkdtemp()) / "runs.db"))

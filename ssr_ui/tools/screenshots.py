@@ -25,7 +25,7 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
     """Block until the launched app accepts connections; RuntimeError if it died first."""
-    import socket  # noqa: PLC0415
+    import socket
 
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -46,7 +46,7 @@ def _wait_done(page, timeout_ms: int = 180_000) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from playwright.sync_api import sync_playwright  # noqa: PLC0415
+    from playwright.sync_api import sync_playwright
 
     ap = argparse.ArgumentParser(prog="python -m ssr_ui.tools.screenshots")
     ap.add_argument("--out", default="docs/img")
