@@ -21,9 +21,10 @@ from engine.runtime.compiled import COMPILE_MODES
 
 MAX_COUNT = 1_000_000  # an upper bound on every token count and interval (far beyond any model's context)
 
+
 @dataclass(frozen=True)
 class RunConfig:
-    """Settings of one decoding run (plain or SSR).
+    """Settings of one decoding run, whatever its method (plain, SSR, RSD, the peers).
 
     Conventions: token counts exclude the prompt; ``max_answer`` counts answer tokens after the
     end-of-thinking marker, the end-of-sequence token excluded; an acceptance length excludes the

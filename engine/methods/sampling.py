@@ -78,9 +78,9 @@ def verify_sampled(
 class Chooser:
     """Picks the next token under one run's settings (greedy, or seeded sampling)."""
 
-    def __init__(self, temperature: float, top_p: float, seed: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, temperature: float, top_p: float, seed: int) -> None:
         self.temperature, self.top_p = temperature, top_p
-        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)  # draws on the CPU, whatever the device
 
     @property
     def greedy(self) -> bool:
@@ -94,13 +94,6 @@ class Chooser:
         if self.greedy:
             return int(logits.argmax())
         return sample(self.probs(logits), self.generator)
-
-    def pick_with_probs(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
-        """The next token and the distribution it came from (None when greedy)."""
-        if self.greedy:
-            return int(logits.argmax()), None
-        probs = self.probs(logits)
-        return sample(probs, self.generator), probs
 
     def verify(self, logits: torch.Tensor, proposal: list[int], draft_probs: torch.Tensor | None) -> tuple[int, int]:
         """Accepted count and next token for ``proposal`` given target logits ``[k + 1, V]``."""
