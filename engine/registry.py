@@ -5,6 +5,10 @@ SSR-family methods use the target alone; the RSD family (``rsd``, ``target``, ``
 takes the draft model and the PRM scorer. A target on a vLLM server (``engine.remote``) runs
 ``baseline`` and ``ssr`` built for a server, and the RSD family (whose target and draft may each be
 on a server or in process).
+
+This is the composition root that joins a method to its backend (a method never imports one). The
+RSD loop knows step writers (``engine.methods.rsd.writer.StepWriter``) only: :func:`rsd_writer`
+builds each model's, in process or on its server, and the loop is handed that factory.
 """
 
 from __future__ import annotations
@@ -12,15 +16,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from engine.methods.baseline import decode_baseline
 from engine.config import RunConfig
 from engine.events import Event
-from engine.runtime.model import LoadedModel
+from engine.methods.baseline import decode_baseline
 from engine.methods.peers import decode_hf
+from engine.methods.rsd.loop import RSD_METHODS, decode_rsd
+from engine.methods.rsd.writer import LocalWriter, StepWriter
+from engine.methods.ssr.loop import decode_ssr
 from engine.remote.decode import decode_remote_baseline, decode_remote_ssr
 from engine.remote.model import RemoteModel
-from engine.methods.rsd.loop import RSD_METHODS, decode_rsd
-from engine.methods.ssr.loop import decode_ssr
+from engine.remote.steps import RemoteWriter
+from engine.runtime.model import LoadedModel
 
 Decoder = Callable[[str, RunConfig], Iterator[Event]]
 
@@ -32,6 +38,8 @@ SINGLE_MODEL = {
     "hf-static": partial(decode_hf, static=True),
 }
 METHODS = (*SINGLE_MODEL, *RSD_METHODS)
+WRITES_DRAFTS = ("ssr", "rsd")  # the methods with something to show in a Draft pane
+PLAIN = tuple(m for m in METHODS if m not in WRITES_DRAFTS)  # one model writes every token
 ON_A_SERVER = {"baseline": decode_remote_baseline, "ssr": decode_remote_ssr}  # and the RSD family (its writers)
 
 
@@ -39,6 +47,11 @@ def check_method(name: str) -> str:
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
     return name
+
+
+def rsd_writer(lm: LoadedModel | RemoteModel, cfg: RunConfig, capacity: int, role: str) -> StepWriter:
+    """RSD's step writer for one model (a ``WriterFactory``): on its vLLM server, or in process."""
+    return RemoteWriter(lm, cfg) if isinstance(lm, RemoteModel) else LocalWriter(lm, cfg, capacity, role)
 
 
 def decoder(name: str, target: LoadedModel | RemoteModel, draft: LoadedModel | None = None, scorer=None) -> Decoder:
@@ -49,4 +62,4 @@ def decoder(name: str, target: LoadedModel | RemoteModel, draft: LoadedModel | N
         return partial(ON_A_SERVER[name], target)
     if name in SINGLE_MODEL:
         return partial(SINGLE_MODEL[name], target)
-    return lambda prompt, cfg: decode_rsd(target, draft, scorer, prompt, cfg, mode=name)
+    return lambda prompt, cfg: decode_rsd(target, draft, scorer, prompt, cfg, mode=name, writer=rsd_writer)

@@ -19,6 +19,7 @@ from engine.events import (
     TokenEvent,
     TokenTally,
 )
+from engine.registry import PLAIN
 
 CSS = (Path(__file__).resolve().parents[1] / "assets" / "studio.css").read_text()
 STATUS_LABEL = {"generated": "generated", "accepted": "accepted", "recovered": "suffix-recovered",
@@ -144,7 +145,7 @@ class TraceView:
                            + ' · rewritten by the target</div>' + _pane(_trimmed(self.drafts.get(s.index, [])), "")
                            for s in rejected)
         if not self.drafts:
-            if self.method in ("baseline", "target", "draft", "hf", "hf-pld"):
+            if self.method in PLAIN:
                 return _pane([], "Plain decoding writes no draft.")
             if self.finished:
                 return _pane([], "No draft was written: the reasoning ended before the draft-start token.")

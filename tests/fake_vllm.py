@@ -112,10 +112,10 @@ class FakeVllm:
 
     def _pool(self, body: dict) -> dict:
         """A math-shepherd PRM served with STEP pooling as a two-way classifier: p(+) at each tag."""
-        from engine.methods.rsd.prm import STEP_TAG, _single_token
+        from engine.methods.rsd.prm import STEP_TAG, single_token
 
         tok = self.lm.tokenizer
-        tag, plus, minus = (_single_token(tok, t, "prm", allow_prefix=t != STEP_TAG) for t in (STEP_TAG, "+", "-"))
+        tag, plus, minus = (single_token(tok, t, "prm", allow_prefix=t != STEP_TAG) for t in (STEP_TAG, "+", "-"))
         ids = body["input"]
         with self._lock, torch.inference_mode():
             logits = self.lm.model(input_ids=torch.tensor([ids])).logits[0]

@@ -8,13 +8,14 @@ import httpx
 import pytest
 import torch
 
-from engine.methods.baseline import decode_baseline
 from engine.config import RunConfig
+from engine.methods.baseline import decode_baseline
+from engine.registry import decoder
 from engine.remote.client import BackendError, VllmClient
 from engine.remote.decode import decode_remote_baseline, decode_remote_ssr
 from engine.remote.model import RemoteModel, connect
 from tests.fake_vllm import FakeVllm
-from tests.numeric import forward_depth, softmax_depth, tolerance
+from tests.numeric import MARGIN, forward_depth, softmax_depth, tolerance
 from tests.tiny import make_model
 
 PROMPTS = ["hello world", "class Garden: rose", "Start with 7. 7 plus 5"]
@@ -114,7 +115,7 @@ def test_wrong_model_name_and_unsupported_settings(lm):
 
 
 def test_connect_loads_the_tokenizer_and_checks_the_server():
-    from engine.runtime.model import load_model  # noqa: PLC0415
+    from engine.runtime.model import load_model
 
     lm = load_model("tiny-reasoner", device="cpu")
     server = FakeVllm(lm, name="tiny-reasoner")
@@ -127,8 +128,8 @@ def test_connect_loads_the_tokenizer_and_checks_the_server():
 
 
 def test_the_studio_runs_the_default_model_on_the_server(tmp_path):
-    from engine.runtime.model import load_model  # noqa: PLC0415
-    from ssr_ui.handlers import Studio  # noqa: PLC0415
+    from engine.runtime.model import load_model
+    from ssr_ui.handlers import Studio
 
     server = FakeVllm(load_model("tiny-reasoner", device="cpu"), name="tiny-reasoner")
     studio = Studio("tiny-reasoner", str(tmp_path / "runs.db"),
@@ -150,16 +151,16 @@ def test_the_studio_runs_the_default_model_on_the_server(tmp_path):
 def test_rsd_with_its_models_on_servers_equals_in_process(where, scorer):
     """RSD whose target (and draft) are on servers: the same steps, verdicts and tokens as in
     process (the PRM in process, or the target-likelihood reward from the target's server)."""
-    from engine.methods.rsd.prm import MathShepherdScorer  # noqa: PLC0415
-    from engine.methods.rsd.loop import decode_rsd  # noqa: PLC0415
+    from engine.methods.rsd.loop import decode_rsd
+    from engine.methods.rsd.prm import MathShepherdScorer
 
     target, draft = make_model("llama", seed=1, init_scale=2.0), make_model("qwen2", seed=2, init_scale=2.0)
     prm = MathShepherdScorer(make_model("llama", seed=3)) if scorer == "prm" else scorer
     cfg = RunConfig(max_think=40, max_answer=20, max_step_tokens=12, threshold=0.5, draft_confidence=0.2)
-    here = final(decode_rsd(target, draft, prm, "Start with 7", cfg))
+    here = final(decode_rsd(target, draft, prm, "Start with 7", cfg))  # in process: the loop's default writers
     t_remote, _ = remote(target)
     d_remote = remote(draft)[0] if where == "both" else draft
-    there = final(decode_rsd(t_remote, d_remote, prm, "Start with 7", cfg))
+    there = final(decoder("rsd", t_remote, d_remote, prm)("Start with 7", cfg))  # the registry picks each writer
     assert (there.reasoning_ids, there.answer_ids) == (here.reasoning_ids, here.answer_ids)
     assert (there.stats.steps_accepted, there.stats.steps_rejected) == (here.stats.steps_accepted,
                                                                         here.stats.steps_rejected)
@@ -167,14 +168,14 @@ def test_rsd_with_its_models_on_servers_equals_in_process(where, scorer):
 
 
 def test_the_bench_on_a_server_prints_the_usual_table(tmp_path, monkeypatch, capsys):
-    import json  # noqa: PLC0415
+    import json
 
-    from engine.tools import bench  # noqa: PLC0415
-    from engine.runtime.model import load_model  # noqa: PLC0415
-    from engine.remote import model as remote_model  # noqa: PLC0415
+    from engine.remote import model as remote_model
+    from engine.runtime.model import load_model
+    from engine.tools import bench
 
     server = FakeVllm(load_model("tiny-reasoner", device="cpu"), name="tiny-reasoner")
-    monkeypatch.setattr(bench, "connect", lambda *a: remote_model.connect(*a, transport=server.transport))
+    monkeypatch.setattr("engine.wiring.connect", lambda *a, **k: remote_model.connect(*a, transport=server.transport))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "a", "prompt": "Start with 7, then add 5.", "reference": "12",
                                    "suite": "arithmetic"}) + "\n")
@@ -184,7 +185,7 @@ def test_the_bench_on_a_server_prints_the_usual_table(tmp_path, monkeypatch, cap
                        "--max-answer", "30", "--draft-start", "10", "--db", str(tmp_path / "runs.db")])
     result = json.loads(out.read_text())
     assert code == 0 and {r["method"] for r in result["summary"]} == {"baseline", "ssr", "rsd", "target"}
-    from engine.runlog import RunLog  # noqa: PLC0415
+    from engine.runlog import RunLog
 
     assert {r["device"] for r in RunLog(tmp_path / "runs.db").runs(limit=10)} == {"vllm http://vllm.test"}
     assert "steps kept" in capsys.readouterr().out
@@ -193,31 +194,42 @@ def test_the_bench_on_a_server_prints_the_usual_table(tmp_path, monkeypatch, cap
     assert code == 2 and "method 'hf' runs in process only" in capsys.readouterr().err
 
 
+def served_prm_bound(prm_lm) -> float:
+    """How far a served math-shepherd PRM's p(+) may be from the in-process one's: float64 forwards
+    both (the server's from scratch, ours cached or from scratch), then a two-way softmax in float64
+    there and in float32 here; scale 1: this scale-1 model's "+"/"-" logits are below 1 (0.27 measured)."""
+    return (tolerance(torch.float64, 1.0, forward_depth(prm_lm.model.config))
+            + tolerance(torch.float32, 1.0, softmax_depth(2)))
+
+
+def served_prm(prm_lm):
+    from engine.remote.prm import ServedPRMScorer
+
+    server = FakeVllm(prm_lm, name="prm")
+    return ServedPRMScorer(prm_lm.tokenizer, VllmClient("http://vllm.test", "prm", transport=server.transport), "prm")
+
+
 @pytest.mark.numeric
 def test_a_prm_on_a_server_scores_as_in_process():
     """The math-shepherd PRM served with STEP pooling gives the in-process PRM's rewards, so RSD
     with all three models on servers keeps the same steps."""
-    from engine.runtime.model import load_model  # noqa: PLC0415
-    from engine.methods.rsd.prm import MathShepherdScorer  # noqa: PLC0415
-    from engine.remote.prm import ServedPRMScorer, connect_prm  # noqa: PLC0415
-    from engine.methods.rsd.loop import decode_rsd  # noqa: PLC0415
+    from engine.methods.rsd.loop import decode_rsd
+    from engine.methods.rsd.prm import MathShepherdScorer
+    from engine.remote.prm import connect_prm
+    from engine.runtime.model import load_model
 
     prm_lm = make_model("llama", seed=3)
     here_prm = MathShepherdScorer(prm_lm)
-    served = ServedPRMScorer(prm_lm.tokenizer, VllmClient("http://vllm.test", "prm",
-                                                          transport=FakeVllm(prm_lm, name="prm").transport), "prm")
+    served = served_prm(prm_lm)
     for scorer in (here_prm, served):
         scorer.start("What is 7 plus 5?")
         scorer.commit("7 plus 5 is 12.")
-    # float64 forwards both (the server's from scratch, ours cached), then a two-way softmax in float64 there
-    # and in float32 here; scale 1: this scale-1 model's "+"/"-" logits are below 1 (0.27 measured)
-    bound = (tolerance(torch.float64, 1.0, forward_depth(prm_lm.model.config))
-             + tolerance(torch.float32, 1.0, softmax_depth(2)))
+    bound = served_prm_bound(prm_lm)
     assert served.score("The result is 12.") == pytest.approx(here_prm.score("The result is 12."), abs=bound)
     target, draft = make_model("llama", seed=1, init_scale=2.0), make_model("qwen2", seed=2, init_scale=2.0)
     cfg = RunConfig(max_think=40, max_answer=20, max_step_tokens=12, threshold=0.5)
     here = final(decode_rsd(target, draft, here_prm, "Start with 7", cfg))
-    there = final(decode_rsd(remote(target)[0], remote(draft)[0], served, "Start with 7", cfg))
+    there = final(decoder("rsd", remote(target)[0], remote(draft)[0], served)("Start with 7", cfg))
     assert (there.reasoning_ids, there.answer_ids, there.stats.steps_accepted) == \
         (here.reasoning_ids, here.answer_ids, here.stats.steps_accepted)
     assert there.stats.steps_accepted + there.stats.steps_rejected > 1
@@ -231,24 +243,48 @@ def test_a_prm_on_a_server_scores_as_in_process():
         bundled.score("7 plus 5 is 12.")
 
 
-def test_the_backend_flag_and_the_url_agree(tmp_path, capsys):
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
+@pytest.mark.numeric
+def test_a_served_prm_scores_every_step_at_once_as_in_process():
+    """``score_all`` on the served PRM (one pooling request over the whole input) gives the in-process
+    PRM's ``score_all``, step by step; the companion, p(+) read one token before each tag, is caught."""
+    from engine.methods.rsd.prm import MathShepherdScorer
 
-    from engine.tools import bench  # noqa: PLC0415
-    from tests.apps import ROOT  # noqa: PLC0415
+    prm_lm = make_model("llama", seed=3)
+    here, served = MathShepherdScorer(prm_lm), served_prm(prm_lm)
+    question, steps = "What is 7 plus 5?", ["7 plus 5 is 12.", "<think>So the sum is 12.</think>", "The result is 12."]
+    expected = here.score_all(question, steps)
+    got = served.score_all(question, steps)
+    bound = served_prm_bound(prm_lm)
+    assert served.calls == 1 and len(got) == len(expected) == len(steps)
+    assert got == pytest.approx(expected, abs=bound)
+    assert served.format.tokens == here.format.tokens  # one input format, committed alike
+    ids = torch.tensor([here.format.tokens])
+    with torch.no_grad():
+        logits = prm_lm.model(ids).logits[0]  # [T, V]
+    early = (ids[0] == here.format.tag).nonzero().flatten() - 1
+    misread = torch.softmax(logits[early][:, [here.plus, here.minus]].float(), -1)[:, 0].tolist()
+    assert max(abs(g - m) for g, m in zip(got, misread, strict=True)) > MARGIN * bound
+    assert served.score_all(question, []) == [] and served.calls == 2
+
+
+def test_the_backend_flag_and_the_url_agree(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from engine.tools import bench
+    from tests.apps import ROOT
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "hi"}\n')
     assert bench.main(["--backend", "vllm", "--prompts", str(prompts), "--out", str(tmp_path / "o.json")]) == 2
     assert "--backend vllm needs --base-url" in capsys.readouterr().err
-    out = subprocess.run([sys.executable, "app.py", "--backend", "transformers", "--base-url", "http://x:8000"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "app.py", "--backend", "transformers", "--base-url", "http://x:8000"],
+                         cwd=ROOT, capture_output=True, text=True, check=False, timeout=120)
     assert out.returncode == 2 and "--base-url runs the model on a vLLM server" in out.stderr
 
 
 def test_a_studio_whose_server_is_down_says_so_and_keeps_working(tmp_path, lm):
-    from ssr_ui.handlers import Studio  # noqa: PLC0415
+    from ssr_ui.handlers import Studio
 
     down = FakeVllm(lm, name="tiny-reasoner", fail="down")
     studio = Studio("tiny-reasoner", str(tmp_path / "runs.db"),

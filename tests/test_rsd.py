@@ -8,11 +8,12 @@ import math
 import pytest
 import torch
 
-from engine.methods.rsd.acceptance import WEIGHTINGS, accept, check_params, weight
-from engine.runtime.cached import CachedModel
 from engine.config import RunConfig
-from engine.methods.rsd.prm import MathShepherdScorer, TargetLikelihoodScorer
+from engine.methods.rsd.acceptance import WEIGHTINGS, accept, check_params, weight
 from engine.methods.rsd.loop import decode_rsd
+from engine.methods.rsd.prm import MathShepherdScorer, TargetLikelihoodScorer
+from engine.methods.rsd.writer import Step, read_step
+from engine.runtime.cached import CachedModel
 from tests.numeric import MARGIN, forward_depth, softmax_depth, tolerance
 from tests.tiny import make_model, make_tokenizer
 
@@ -63,9 +64,40 @@ def test_binary_takes_any_real_threshold():
     assert set(WEIGHTINGS) == {"binary", "constant", "clipping", "sigmoidal", "logistic"}
 
 
+# ----------------------------------------------------------------------------- the step-end rule
+
+class _Pieces:
+    """A tokenizer stand-in: token ids decode to fixed pieces (0 is the end of sequence)."""
+
+    def decode(self, ids):
+        return "".join({1: "a", 2: "\n\n", 3: " ", 4: "\n"}[i] for i in ids)
+
+
+@pytest.mark.parametrize("picks, max_step_tokens, budget, expected, reads", [
+    ([1, 2, 1], 10, 10, Step([1, 2], False, 0.8), 2),         # ends at the delimiter. Tempting wrong: runs on
+    ([2, 1, 2], 10, 10, Step([2, 1, 2], False, 0.7), 3),      # a leading blank delimiter does not end it
+    ([3, 2, 1, 2], 10, 10, Step([3, 2, 1, 2], False, 0.5), 4),  # nor whitespace then a delimiter: still blank
+    ([1, 4, 4], 10, 10, Step([1, 4, 4], False, 0.7), 3),      # a delimiter spread over two tokens ends it too
+    ([1, 0, 1], 10, 10, Step([1], True, 0.8), 2),             # an end of sequence: not in the step; its doubt counts
+    ([1, 1, 1], 2, 10, Step([1, 1], False, 0.8), 2),          # max_step_tokens: the step ends, the run does not
+    ([1, 1, 1], 10, 2, Step([1, 1], True, 0.8), 2),           # the budget: the run ends. Tempting wrong: ended False
+    ([1], 10, 10, Step([1], False, 0.9), 1),                  # the source ran dry (a server stopped by itself)
+])
+def test_the_step_end_rule(picks, max_step_tokens, budget, expected, reads):
+    read = []
+
+    def source():  # lazy, as a model's picks are: each pick read is counted
+        for t, prob in zip(picks, (0.9, 0.8, 0.7, 0.5), strict=False):
+            read.append(t)
+            yield t, prob
+
+    assert read_step(source(), _Pieces(), {0}, max_step_tokens, budget) == expected
+    assert len(read) == reads  # nothing read past the step's end (no forward, no streamed token wasted)
+
+
 # ----------------------------------------------------------------------------- scorers
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def trio():
     return (make_model("llama", seed=1, init_scale=2.0), make_model("qwen2", seed=2, init_scale=2.0),
             make_model("llama", seed=3))

@@ -263,3 +263,14 @@ def test_spaces_gpu_wraps_the_runs_only_when_spaces_is_installed(studio, monkeyp
     wrapped.clear()
     importlib.reload(layout).build_app(studio)  # without the package: nothing wraps, nothing breaks
     assert wrapped == []
+
+
+def test_every_plain_method_says_it_writes_no_draft():
+    """The Draft pane's message follows the registry: hf-static (once missing from a hand-kept
+    list, so it showed SSR's "no draft yet") says what every plain method says."""
+    from engine.registry import METHODS, PLAIN
+
+    assert "hf-static" in PLAIN and "ssr" not in PLAIN and set(PLAIN) < set(METHODS)
+    for method in PLAIN:
+        assert "Plain decoding writes no draft." in TraceView(method=method).draft_html(), method
+    assert "Plain decoding" not in TraceView(method="ssr").draft_html()

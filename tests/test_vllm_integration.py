@@ -81,7 +81,7 @@ def prm(tmp_path_factory):
 
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from engine.methods.rsd.prm import STEP_TAG, _single_token
+    from engine.methods.rsd.prm import STEP_TAG, single_token
 
     folder = tmp_path_factory.mktemp("prm64")
     tok = AutoTokenizer.from_pretrained(BUNDLED_DIR / "tiny-prm")
@@ -90,7 +90,7 @@ def prm(tmp_path_factory):
                                  num_attention_heads=2, num_key_value_heads=2, head_dim=64, pad_token_id=0,
                                  max_position_embeddings=1024, tie_word_embeddings=True)).save_pretrained(folder)
     tok.save_pretrained(folder)
-    tag = _single_token(tok, STEP_TAG, "prm")
+    tag = single_token(tok, STEP_TAG, "prm")
     for url in _serve(folder, folder, "prm64", "--max-model-len", "1024", "--runner", "pooling", "--convert", "classify",
                       "--hf-overrides", json.dumps({"classifier_from_token": ["-", "+"], "method": "from_2_way_softmax"}),
                       "--pooler-config", json.dumps({"task": "token_classify", "tok_pooling_type": "STEP",

@@ -13,44 +13,56 @@ from __future__ import annotations
 
 import time
 
-from engine.runtime.model import resolve_model_path
-from engine.methods.rsd.prm import STEP_TAG, MathShepherdScorer, _single_token
+from engine.methods.rsd.prm import MathShepherdFormat
 from engine.remote.client import BackendError, VllmClient
+from engine.runtime.model import resolve_model_path
 
 
-class ServedPRMScorer(MathShepherdScorer):
+class ServedPRMScorer:
+    """``engine.methods.rsd.prm.StepScorer`` over a served math-shepherd PRM: the input is built as
+    in process (:class:`MathShepherdFormat`); the server scores every step tag of it in one pooling
+    request. No cache here: each request carries the whole input (the server's prefix cache shares it)."""
+
     name = "math-shepherd on vllm"
 
     def __init__(self, tokenizer, client: VllmClient, model_id: str) -> None:
-        self.tokenizer, self.client, self.model_id = tokenizer, client, model_id
-        self.tag = _single_token(tokenizer, STEP_TAG, model_id)
-        self.tokens: list[int] = []
-        self._started = False
+        self.format = MathShepherdFormat(tokenizer, model_id)
+        self.client, self.model_id = client, model_id
         self.seconds, self.calls = 0.0, 0
 
-    def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
     def start(self, question: str) -> None:
-        self.tokens = self.tokenizer.encode(question, add_special_tokens=True)
-        self._started = False
+        self.format.start(question)
 
     def score(self, candidate: str, seq: list[int] | None = None, step_tokens: list[int] | None = None) -> float:
-        ids = self.tokens + self._piece(candidate)
+        return self._pool(self.format.tokens + self.format.piece(candidate))[-1]  # the candidate's tag is the last
+
+    def commit(self, step: str) -> None:
+        self.format.commit(step)
+
+    def score_all(self, question: str, steps: list[str]) -> list[float]:
+        """Every step's score from one pooling request over the whole input (evaluation)."""
+        self.start(question)
+        for step in steps:
+            self.commit(step)
+        return self._pool(self.format.tokens)
+
+    def _pool(self, ids: list[int]) -> list[float]:
+        """p(+) at each step tag of ``ids``, in order."""
         start = time.perf_counter()
         rows = self.client.pool(ids)
         self.seconds += time.perf_counter() - start
         self.calls += 1
-        if len(rows) != ids.count(self.tag) or len(rows[-1]) != 1:
+        if len(rows) != ids.count(self.format.tag) or any(len(row) != 1 for row in rows):
             raise BackendError(f"{self.client.base_url} does not score {self.model_id} at its step tags (serve it with "
-                               f"STEP pooling at step_tag_id {self.tag} as a two-way classifier; engine/remote/prm.py)")
-        return float(rows[-1][0])
+                               f"STEP pooling at step_tag_id {self.format.tag} as a two-way classifier; "
+                               "engine/remote/prm.py)")
+        return [float(row[0]) for row in rows]
 
 
 def connect_prm(name: str, base_url: str, api_key: str | None = None, served_name: str | None = None,
                 transport=None) -> ServedPRMScorer:
     """The PRM ``name`` (its tokenizer, loaded here) on a vLLM server at ``base_url``."""
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoTokenizer
 
     path, _ = resolve_model_path(name)
     client = VllmClient(base_url, served_name, api_key, transport=transport)

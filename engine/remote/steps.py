@@ -1,10 +1,11 @@
-"""RSD's step writer on a vLLM server: the same methods as ``engine.methods.rsd.loop.LocalWriter``.
+"""RSD's step writer on a vLLM server: ``engine.methods.rsd.writer.StepWriter``, as ``LocalWriter`` is in process.
 
 A step is one streamed request with ``logprobs: 1`` (the confidence is the probability of the
-step's least likely token, as in process, from the model's own log-probabilities); the step
-delimiter is found here, on the decoded text, and the request is aborted there. A target-likelihood
-reward asks for ``prompt_logprobs`` of the step's tokens. A sampled step uses the server's sampler,
-seeded per step (RSD is not lossless anyway; its steps are not the in-process sampler's).
+step's least likely token, as in process, from the model's own log-probabilities); the step ends by
+RSD's one rule (``engine.methods.rsd.writer.read_step``), applied here to the streamed tokens, and
+the request is aborted there. A target-likelihood reward asks for ``prompt_logprobs`` of the step's
+tokens. A sampled step uses the server's sampler, seeded per step (RSD is not lossless anyway; its
+steps are not the in-process sampler's).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import math
 import time
 
 from engine.config import RunConfig
+from engine.methods.rsd.writer import Step, Usage, read_step
 from engine.remote.model import RemoteModel
-from engine.methods.rsd.loop import STEP_DELIMITER
 
 
 class RemoteWriter:
@@ -24,33 +25,20 @@ class RemoteWriter:
         self.rm, self.cfg = rm, cfg
         self.tokens, self.seconds, self.calls = 0, 0.0, 0
 
-    def write_step(self, seq: list[int], max_step_tokens: int, budget: int) -> tuple[list[int], bool, float]:
-        """One step after ``seq``: (tokens up to and including the delimiter, whether the sequence
-        ended, the probability of its least likely token)."""
-        start, cfg, tok = time.perf_counter(), self.cfg, self.rm.tokenizer
+    def write_step(self, seq: list[int], max_step_tokens: int, budget: int) -> Step:
+        """One step after ``seq``: one request, streamed until the step ends (:func:`read_step`)."""
+        start, cfg = time.perf_counter(), self.cfg
         stream = self.rm.client.stream(seq, min(max_step_tokens, budget), self.rm.eos_ids, cfg.temperature, cfg.top_p,
                                        cfg.seed + len(seq), logprobs=True)
-        step: list[int] = []
-        confidence, ended = 1.0, False
         try:
-            for t, logprob in stream:
-                confidence = min(confidence, math.exp(logprob))
-                if t in self.rm.eos_ids:
-                    ended = True
-                    break
-                step.append(t)
-                if len(step) >= budget:
-                    ended = True
-                    break
-                text = tok.decode(step)
-                if len(step) >= max_step_tokens or (text.endswith(STEP_DELIMITER) and text.strip()):
-                    break
+            picks = ((t, math.exp(logprob)) for t, logprob in stream)
+            step = read_step(picks, self.rm.tokenizer, self.rm.eos_ids, max_step_tokens, budget)
         finally:
             stream.close()  # a step that ended here aborts the rest of the request
-        self.tokens += len(step)
+        self.tokens += len(step.tokens)
         self.seconds += time.perf_counter() - start
         self.calls += 1
-        return step, ended, confidence
+        return step
 
     def rollback(self, length: int) -> None:
         """Nothing to undo: every request carries its whole prefix (the server's cache shares it)."""
@@ -62,6 +50,6 @@ class RemoteWriter:
         self.calls += 1
         return probs
 
-    def usage(self) -> tuple[int, float, float, int]:
-        """(tokens returned, FLOPs: 0, not known here, seconds waited, requests)."""
-        return self.tokens, 0.0, self.seconds, self.calls
+    def usage(self) -> Usage:
+        """Tokens returned, FLOPs 0 (not known here), seconds waited, requests."""
+        return Usage(self.tokens, 0.0, self.seconds, self.calls)

@@ -1,13 +1,14 @@
-"""Process reward models behind one interface: score a candidate step given the steps so far.
+"""Process reward models behind one interface, :class:`StepScorer`: score a candidate step given the steps so far.
 
-``scorer.score(question, steps, candidate) -> float in [0, 1]`` and ``scorer.commit(step)`` (the
+``scorer.score(candidate, seq, step_tokens) -> float in [0, 1]`` and ``scorer.commit(step)`` (the
 step was kept, by whoever wrote it). Scorers keep their own KV cache over their own input format
 and score incrementally: the question and the committed steps are encoded once; a candidate is
 appended, read, and rolled back if it is not committed.
 
-* :class:`MathShepherdScorer`: math-shepherd's format (``question step1 ки\\nstep2 ки ...``);
-  the score is softmax over the ``+`` / ``-`` token logits at each tag, ``+`` taken. Our bundled
-  ``tiny-prm`` uses the same format, so one code path serves both.
+* :class:`MathShepherdScorer`: math-shepherd's format (:class:`MathShepherdFormat`:
+  ``question step1 ки\\nstep2 ки ...``); the score is softmax over the ``+`` / ``-`` token logits
+  at each tag, ``+`` taken. Our bundled ``tiny-prm`` uses the same format, so one code path serves
+  both (and the same format serves such a PRM on a vLLM server: ``engine.remote.prm``).
 * :class:`QwenMathPRMScorer`: Qwen2.5-Math-PRM's format (steps joined by ``<extra_0>``, a
   two-class head, class 1 taken). Its modelling code needs ``trust_remote_code``, which is only
   passed when the user explicitly allows it.
@@ -17,6 +18,8 @@ appended, read, and rolled back if it is not committed.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from engine.runtime.cached import CachedModel
@@ -25,40 +28,84 @@ from engine.runtime.model import LoadedModel, load_model
 STEP_TAG = "ки"
 
 
+class StepScorer(Protocol):
+    """What the RSD loop needs of a reward for a step."""
+
+    def start(self, question: str) -> None:
+        """A new run on ``question``: no steps yet."""
+        ...
+
+    def score(self, candidate: str, seq: list[int], step_tokens: list[int]) -> float:
+        """The reward of ``candidate`` (its text; ``step_tokens``: its tokens after the shared
+        ``seq``, for scorers that read the writers' tokens) after the committed steps."""
+        ...
+
+    def commit(self, step: str) -> None:
+        """``step`` joins the text (kept, or rewritten by the target)."""
+        ...
+
+
 def _clean(step: str) -> str:
     """A step as a PRM reads it: without think markers and surrounding blank lines."""
     return step.replace("<think>", "").replace("</think>", "").strip()
 
 
-class MathShepherdScorer:
-    name = "math-shepherd"
+class MathShepherdFormat:
+    """math-shepherd's input, ``question step1 ки\\nstep2 ки ...``, built step by step: the committed
+    input's tokens, and the step tag where each step's score is read. Shared by the PRM in process
+    (:class:`MathShepherdScorer`) and on a server (``engine.remote.prm.ServedPRMScorer``)."""
 
-    def __init__(self, lm: LoadedModel) -> None:
-        tok = lm.tokenizer
-        self.tag = _single_token(tok, STEP_TAG, lm.model_id)
-        self.plus = _single_token(tok, "+", lm.model_id, allow_prefix=True)
-        self.minus = _single_token(tok, "-", lm.model_id, allow_prefix=True)
-        self.lm = lm
-        self.model = CachedModel(lm)
-        self.tokens: list[int] = []  # committed PRM input
+    def __init__(self, tokenizer, model_id: str) -> None:
+        self.tokenizer = tokenizer
+        self.tag = single_token(tokenizer, STEP_TAG, model_id)
+        self.tokens: list[int] = []  # the committed input: the question and the kept steps
         self._started = False
 
-    def _encode(self, text: str) -> list[int]:
-        return self.lm.tokenizer.encode(text, add_special_tokens=False)
+    def start(self, question: str) -> None:
+        # the tokenizer's own start token, if it has one (math-shepherd's Mistral tokenizer adds <s>)
+        self.tokens = self.tokenizer.encode(question, add_special_tokens=True)
+        self._started = False
 
-    def _piece(self, step: str) -> list[int]:
+    def piece(self, step: str) -> list[int]:
+        """The tokens ``step`` adds to the committed input, ending at its tag."""
         # pieces start at whitespace, where byte-level pre-tokenizers split anyway, so encoding
         # piece by piece gives the same tokens as encoding math-shepherd's whole input at once
         sep = "\n" if self._started else " "
-        return self._encode(f"{sep}{_clean(step)} {STEP_TAG}")
+        return self.tokenizer.encode(f"{sep}{_clean(step)} {STEP_TAG}", add_special_tokens=False)
+
+    def commit(self, step: str) -> None:
+        self.tokens = self.tokens + self.piece(step)
+        self._started = True
+
+
+class MathShepherdScorer:
+    """A math-shepherd-format PRM in process: p(+) at each step's tag, from a cache over the
+    committed input (a candidate is fed, read at its tag and rolled back)."""
+
+    name = "math-shepherd"
+
+    def __init__(self, lm: LoadedModel) -> None:
+        self.format = MathShepherdFormat(lm.tokenizer, lm.model_id)
+        self.plus = single_token(lm.tokenizer, "+", lm.model_id, allow_prefix=True)
+        self.minus = single_token(lm.tokenizer, "-", lm.model_id, allow_prefix=True)
+        self.lm = lm
+        self.model = CachedModel(lm)
+
+    @property
+    def tag(self) -> int:
+        """The step tag's id (where each step's score is read)."""
+        return self.format.tag
+
+    @property
+    def tokens(self) -> list[int]:
+        """The committed input: the question and the kept steps."""
+        return self.format.tokens
 
     def start(self, question: str) -> None:
         """A new run: a fresh cache, the question encoded once."""
         self.lm.begin_run()
         self.model = CachedModel(self.lm)
-        # the tokenizer's own start token, if it has one (math-shepherd's Mistral tokenizer adds <s>)
-        self.tokens = self.lm.tokenizer.encode(question, add_special_tokens=True)
-        self._started = False
+        self.format.start(question)
 
     @torch.inference_mode()
     def score_all(self, question: str, steps: list[str]) -> list[float]:
@@ -66,23 +113,23 @@ class MathShepherdScorer:
         self.start(question)
         for step in steps:
             self.commit(step)
-        ids = torch.tensor([self.tokens], device=self.lm.device)
+        ids = torch.tensor([self.format.tokens], device=self.lm.device)
         logits = self.lm.model(input_ids=ids).logits[0]  # [T, V]
-        tags = (ids[0] == self.tag).nonzero().flatten()
+        tags = (ids[0] == self.format.tag).nonzero().flatten()
         return torch.softmax(logits[tags][:, [self.plus, self.minus]].float(), dim=-1)[:, 0].tolist()
 
     def score(self, candidate: str, seq: list[int] | None = None, step_tokens: list[int] | None = None) -> float:
-        piece = self._piece(candidate)
-        self.model.sync(self.tokens)  # catch up on committed steps (e.g. a target's step)
+        piece, tag = self.format.piece(candidate), self.format.tag
+        committed = self.format.tokens
+        self.model.sync(committed)  # catch up on committed steps (e.g. a target's step)
         logits = self.model.feed(piece, all_logits=True)  # [T, V]
-        tag_logits = logits[-1] if piece[-1] == self.tag else logits[max(i for i, t in enumerate(piece) if t == self.tag)]
+        tag_logits = logits[-1] if piece[-1] == tag else logits[max(i for i, t in enumerate(piece) if t == tag)]
         probs = torch.softmax(tag_logits[[self.plus, self.minus]].float(), dim=-1)
-        self.model.rollback(len(self.tokens))
+        self.model.rollback(len(committed))
         return float(probs[0])
 
     def commit(self, step: str) -> None:
-        self.tokens = self.tokens + self._piece(step)
-        self._started = True
+        self.format.commit(step)
 
 
 class TargetLikelihoodScorer:
@@ -113,11 +160,11 @@ class QwenMathPRMScorer:
         if not trust_remote_code:
             raise ValueError(f"{model_id} needs trust_remote_code to load its reward head; allow it explicitly "
                              "(--trust-remote-code) if you trust that repository's code")
-        from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415
+        from transformers import AutoModel, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_id, trust_remote_code=True)
         self.model = AutoModel.from_pretrained(model_id, trust_remote_code=True).eval()
-        self.sep = _single_token(self.tokenizer, "<extra_0>", model_id)
+        self.sep = single_token(self.tokenizer, "<extra_0>", model_id)
         self.question, self.steps = "", []
 
     def start(self, question: str) -> None:
@@ -139,7 +186,9 @@ class QwenMathPRMScorer:
         self.steps.append(_clean(step))
 
 
-def _single_token(tokenizer, text: str, model_id: str, allow_prefix: bool = False) -> int:
+def single_token(tokenizer, text: str, model_id: str, allow_prefix: bool = False) -> int:
+    """The id of ``text`` as one token (with ``allow_prefix``: the last of its tokens, for a "+"
+    some tokenizers prefix with a space marker). ValueError naming ``model_id`` otherwise."""
     ids = tokenizer.encode(text, add_special_tokens=False)
     if len(ids) != 1:
         if allow_prefix and ids:
@@ -148,10 +197,13 @@ def _single_token(tokenizer, text: str, model_id: str, allow_prefix: bool = Fals
     return ids[0]
 
 
+
+
 def make_scorer(spec: str | None, device: str | None = None, trust_remote_code: bool = False):
-    """A scorer from a PRM name: "target-likelihood" (resolved by the RSD loop, which owns the
-    target's cache), a Qwen2.5-Math-PRM id, or any model in the math-shepherd format (the bundled
-    ``tiny-prm`` by default). ValueError when the model fits no format."""
+    """A scorer from a PRM name: "target-likelihood" (resolved when a run's roles are cast,
+    ``engine.methods.rsd.roles.cast``: it reads the target's step writer), a Qwen2.5-Math-PRM id,
+    or any model in the math-shepherd format (the bundled ``tiny-prm`` by default). ValueError
+    when the model fits no format."""
     spec = spec or "tiny-prm"
     if spec == "target-likelihood":
         return spec
