@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.methods.baseline import decode_baseline
 from engine.config import RunConfig
+from engine.methods.baseline import decode_baseline
 from engine.methods.ssr.loop import decode_ssr
 from tests.tiny import ARCHS, current_token_only, make_model, position_only, with_tokens
 
@@ -22,7 +22,7 @@ PROMPTS = ["hello world", "class Garden: rose", "Start with 7. 7 plus 5", "héll
 SMALL = dict(max_think=16, max_answer=20, max_draft=12)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model(arch: str, style: str = "open", seed: int = 0, scale: float = 3.0):
     return make_model(arch, seed=seed, style=style, init_scale=scale)
 
@@ -111,7 +111,7 @@ def test_end_of_sequence_inside_a_draft(arch):
 def test_stray_end_of_thinking_in_draft_and_answer(arch):
     lm = model(arch)
     cfg = RunConfig(**SMALL, draft_start=2)
-    prompt, probe, stray = _probe(lm, cfg)  # the draft writes it: make it the end-of-thinking marker
+    prompt, _probe_ids, stray = _probe(lm, cfg)  # the draft writes it: make it the end-of-thinking marker
     steered = with_tokens(lm, close=stray)
     assert_same(steered, prompt, cfg)
 
@@ -170,16 +170,16 @@ def test_reasoning_lookup_with_holes_is_exact(arch, monkeypatch):
     """Rows that speculate while drafts ride take different numbers of tokens per step; the slots
     a row rejected become holes its mask hides. Greedy output must not change, and holes must
     really occur (else this test would prove nothing)."""
-    from engine.methods.ssr import loop as ssr_mod
+    from engine.runtime.batch import RowBatch
 
     holes = []
-    keep = ssr_mod._Batch.keep
+    keep = RowBatch.keep
 
     def counting_keep(self, kept):
         keep(self, kept)
         holes.append(self.valid is not None and not bool(self.valid.all()))
 
-    monkeypatch.setattr(ssr_mod._Batch, "keep", counting_keep)
+    monkeypatch.setattr(RowBatch, "keep", counting_keep)
     lm = model(arch)
     cfg = RunConfig(max_think=40, max_answer=24, max_draft=30, draft_start=3, num_drafts=2, draft_interval=9)
     recovered = 0

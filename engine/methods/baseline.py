@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from engine.runtime.cached import CachedModel
 from engine.config import RunConfig
 from engine.events import Event
-from engine.runtime.model import LoadedModel
+from engine.methods.budget import ThinkBudget
 from engine.methods.recorder import Recorder
-from engine.runtime.cache import cache_mb
 from engine.methods.sampling import Chooser
+from engine.runtime.cache import cache_mb
+from engine.runtime.cached import CachedModel
+from engine.runtime.model import LoadedModel
 
 
 def decode_baseline(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
@@ -29,6 +30,7 @@ def decode_baseline(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Ev
     yield from rec.compile_steps(lm, len(prompt_ids) + new_tokens)  # before the clock starts
     chooser = Chooser(cfg.temperature, cfg.top_p, cfg.seed)
     markers = lm.markers
+    budget = ThinkBudget(markers, cfg.max_think)
     seq = CachedModel(lm, len(prompt_ids) + new_tokens)
 
     # 1. prefill
@@ -37,31 +39,25 @@ def decode_baseline(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Ev
     rec.forward()
 
     # 2. reasoning (skipped for models without think markers: everything is the answer)
-    answer_forced: list[int] = []
     ended = False  # the model ended the sequence inside its reasoning: no answer
     if markers is not None:
         yield rec.phase("reasoning")
         n = 0
         while True:
-            if n == cfg.max_think:  # budget forcing
-                tok, answer_forced = markers.close_id, list(markers.close_ids[1:])
-            else:
-                tok = chooser.pick(logits)
+            tok = budget.force() if budget.spent(n) else chooser.pick(logits)  # nothing is drawn at the budget
             n += 1
             if tok in lm.eos_ids:
                 ended = True
                 break
             yield rec.token("reasoning", tok)
-            logits = seq.feed([tok, *answer_forced])
+            logits = seq.feed([tok, *budget.forced])  # the forced tail rides with the marker
             rec.forward()
             if tok == markers.close_id:
                 break
 
-    # 3. answer
-    yield rec.phase("answer")
-    for tok in answer_forced:
-        yield rec.token("answer", tok)
-    answered = len(answer_forced)
+    # 3. answer, opened by the tail budget forcing put after the marker (if it did)
+    yield from budget.open_answer(rec)
+    answered = len(budget.forced)
     while not ended and answered < cfg.max_answer:
         tok = chooser.pick(logits)
         if tok in lm.eos_ids:

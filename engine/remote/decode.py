@@ -8,7 +8,8 @@ the template tail are appended, as in process), then the answer is a second one.
 request (the question, the reasoning so far and the end-of-thinking marker), streamed beside the
 main one and batched with it by the server, which also shares their prefix in its cache (the
 paper's own vLLM method). A draft still streaming when the reasoning ends keeps what it has.
-Phase B is SSR's own answer loop (``engine.methods.ssr.loop``) over :class:`RemoteState`, whose ``verify`` sends
+Phase B is SSR's own answer loop (``engine.methods.ssr.loop.answer_by_verification``) over
+:class:`RemoteState` (an ``SSRState``), whose ``verify`` sends
 the candidate tokens in one request with ``prompt_logprobs`` (the rank-1 token at each position is
 the greedy one); with nothing to verify it asks for the next token with a plain request, which
 reads the server's prefix cache. A verify re-prefills its prompt on the server (vLLM skips the
@@ -27,13 +28,14 @@ from collections.abc import Iterator
 
 from engine.config import RunConfig
 from engine.events import Event
-from engine.methods.ssr.proposers import Draft
+from engine.methods.budget import ThinkBudget
 from engine.methods.recorder import Recorder
+from engine.methods.sampling import accept_greedy
+from engine.methods.ssr.loop import answer_by_verification, fork_point, open_draft, take_draft_token
+from engine.methods.ssr.proposers import Draft
+from engine.methods.ssr.suffix_index import SuffixIndex
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel
-from engine.methods.sampling import accept_greedy
-from engine.methods.ssr.loop import _answer, _fork_at, take_draft_token
-from engine.methods.ssr.suffix_index import SuffixIndex
 
 
 def decode_remote_baseline(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
@@ -42,29 +44,27 @@ def decode_remote_baseline(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iter
     prompt_ids = rm.prompt_ids(prompt)
     rec = _recorder(rm, "baseline", prompt_ids)
     markers, eos = rm.markers, rm.eos_ids
+    budget = ThinkBudget(markers, cfg.max_think)
     seq = list(prompt_ids)
     yield rec.phase("prefill")  # the server prefills inside the first request
-    forced: list[int] = []
     ended = False
     if markers is not None:
         yield rec.phase("reasoning")
         closed = False
-        for tok in _stream(rm, rec, seq, cfg.max_think, eos | {markers.close_id}, cfg):
+        for tok in _stream(rm, rec, seq, budget.max_think, eos | {markers.close_id}, cfg):
             if tok in eos:
                 ended = True
                 break
             yield rec.token("reasoning", tok)
             closed = tok == markers.close_id
         seq += rec.streams.get(("reasoning", None), [])
-        if not (ended or closed):  # budget forcing
-            yield rec.token("reasoning", markers.close_id)
-            forced = list(markers.close_ids[1:])
-            seq += markers.close_ids
-    yield rec.phase("answer")
-    for t in forced:
-        yield rec.token("answer", t)
-    if not ended and cfg.max_answer > len(forced):
-        for tok in _stream(rm, rec, seq, cfg.max_answer - len(forced), eos, cfg):
+        if not (ended or closed):  # the server stopped at the budget: the end of thinking is forced
+            tok = budget.force()
+            yield rec.token("reasoning", tok)
+            seq += [tok, *budget.forced]
+    yield from budget.open_answer(rec)
+    if not ended and cfg.max_answer > len(budget.forced):
+        for tok in _stream(rm, rec, seq, cfg.max_answer - len(budget.forced), eos, cfg):
             if tok in eos:
                 break
             yield rec.token("answer", tok)
@@ -87,21 +87,22 @@ def decode_remote_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[
     index = SuffixIndex(cfg.min_match)
     index.extend("prompt", prompt_ids)
     state = RemoteState(rm, cfg, rec, index, prompt_ids)
+    budget = ThinkBudget(markers, cfg.max_think)
     yield rec.phase("prefill")
-    yield from _reason_and_fork(state, markers)
+    yield from _reason_and_fork(state, budget)
     if not state.ended:
-        index.reset_cursors()
-        yield from _answer(state)
+        yield from answer_by_verification(state, budget)
     yield rec.phase("done")
     yield rec.done()
 
 
 class RemoteState:
-    """What SSR's answer loop reads and calls, over a server: the tokens committed so far and a
-    ``verify`` that asks the server."""
+    """SSR's state over a server (an ``engine.methods.ssr.loop.SSRState``): the tokens committed
+    so far and a ``verify`` that asks the server."""
 
     def __init__(self, rm: RemoteModel, cfg: RunConfig, rec: Recorder, index: SuffixIndex, prompt_ids: list[int]):
         self.lm, self.cfg, self.rec, self.index = rm, cfg, rec, index
+        self.eos_ids = rm.eos_ids
         self.seq = list(prompt_ids)  # every token before the unfed ones
         self.drafts: list[Draft] = []
         self.unfed: list[int] = []
@@ -121,27 +122,23 @@ class RemoteState:
         return accepted, nxt
 
 
-def _reason_and_fork(s: RemoteState, markers) -> Iterator[Event]:
-    """Phase A: the main reasoning and the drafts, each a streamed request, as their tokens arrive."""
-    cfg, rec, rm = s.cfg, s.rec, s.lm
+def _reason_and_fork(s: RemoteState, budget: ThinkBudget) -> Iterator[Event]:
+    """Phase A: the main reasoning and the drafts, each a streamed request, as their tokens arrive.
+    Ends with ``s.ended``, or with ``s.seq`` holding the reasoning but its closing marker."""
+    cfg, rec, rm, markers = s.cfg, s.rec, s.lm, budget.markers
     eos = rm.eos_ids
     yield rec.phase("reasoning")
     arrivals: queue.Queue = queue.Queue()  # (source, token | None at the end | BackendError)
     stop = threading.Event()
-    pumps = [_pump(rm, s.seq, cfg.max_think, eos | {markers.close_id}, "main", arrivals, stop)]
+    pumps = [_pump(rm, s.seq, budget.max_think, eos | {markers.close_id}, "main", arrivals, stop)]
     rec.forward()
     live: dict[int, Draft] = {}
-    n, forced = 0, []
+    n = 0
     try:
         while True:
-            while len(s.drafts) < cfg.num_drafts and n == _fork_at(cfg, len(s.drafts)):
-                d = Draft(len(s.drafts), n, [], tokens=list(markers.close_ids[1:]), probs=[None] * len(markers.close_ids[1:]))
-                s.drafts.append(d)
-                rec.stats.drafts += 1
-                yield rec.phase("drafting", draft=d.index, at_token=n)
-                s.index.extend(d.name, d.tokens)
-                for t in d.tokens:
-                    yield rec.token("draft", t, draft=d.index)
+            while len(s.drafts) < cfg.num_drafts and n == fork_point(cfg, len(s.drafts)):
+                yield from open_draft(s, n, list(markers.close_ids[1:]))
+                d = s.drafts[-1]
                 if len(d.tokens) < cfg.max_draft:
                     live[d.index] = d
                     pumps.append(_pump(rm, s.seq + list(markers.close_ids), cfg.max_draft - len(d.tokens), eos, d.index,
@@ -158,9 +155,8 @@ def _reason_and_fork(s: RemoteState, markers) -> Iterator[Event]:
             if source != "main":
                 yield from _draft_takes(s, live, source, item)
                 continue
-            if item is None:  # the budget: the end-of-thinking marker and the tail are appended
-                yield rec.token("reasoning", markers.close_id)
-                forced = list(markers.close_ids[1:])
+            if item is None:  # the server stopped at the budget: the end of thinking is forced
+                yield rec.token("reasoning", budget.force())
                 break
             if item in eos:  # the model ended without closing its thoughts: no answer
                 s.ended = True
@@ -173,12 +169,6 @@ def _reason_and_fork(s: RemoteState, markers) -> Iterator[Event]:
             n += 1
     finally:
         stop.set()  # drafts still streaming keep what they have; their requests are aborted
-    s.unfed = [markers.close_id, *forced]
-    s.answer = list(forced)
-    s.index.extend("answer", forced)
-    yield rec.phase("answer")
-    for t in forced:
-        yield rec.token("answer", t)
 
 
 def _draft_takes(s: RemoteState, live: dict[int, Draft], index: int, tok: int | None) -> Iterator[Event]:

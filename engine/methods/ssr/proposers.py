@@ -28,7 +28,6 @@ class Draft:
 
     index: int
     forked_at: int  # reasoning tokens the draft saw
-    unfed: list[int]  # tokens chosen (or forced) for the draft's row but not yet in the cache
     tokens: list[int] = field(default_factory=list)  # the draft answer, template tail included
     probs: list[torch.Tensor | None] = field(default_factory=list)  # q per token (None: one-hot)
     finished: bool = False
@@ -73,7 +72,7 @@ class DraftPrefixProposer:
         probs = None
         if any(p is not None for p in q):
             vocab = next(p for p in q if p is not None).shape[-1]
-            probs = torch.stack([p if p is not None else _one_hot(t, vocab) for p, t in zip(q, tokens)])
+            probs = torch.stack([p if p is not None else _one_hot(t, vocab) for p, t in zip(q, tokens, strict=True)])
         return Proposal(tokens, "accepted", "draft", d.index, n, None, probs)
 
     def observe(self, proposal: Proposal, accepted: int) -> None:

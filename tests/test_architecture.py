@@ -1,0 +1,113 @@
+"""The layout's promises, checked on the import graph of the code itself (every import, top-level
+or inside a function):
+
+* no import cycle between modules;
+* no module imports a private (``_name``) from another package;
+* dependencies point one way: ``engine`` never imports ``ssr_ui`` or Gradio; a method
+  (``engine/methods``) never imports a backend (``engine.remote``) or a tool (``engine.tools``); the
+  runtime never imports a method, a backend or a tool.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("engine", "ssr_ui")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    found = {_module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+    found["app"] = ROOT / "app.py"
+    return found
+
+
+def _imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, str | None]]:
+    """``(module, imported name or None)`` for every import in the file that reaches ``known``."""
+    is_package = path.name == "__init__.py"
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".")[: len(name.split(".")) - node.level + is_package]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                out.append((sub, None) if sub in known else (base, a.name))
+    return [(m, n) for m, n in out if m in known or m.split(".")[0] in ("gradio", "ssr_ui", "engine")]
+
+
+def _graph() -> dict[str, list[tuple[str, str | None]]]:
+    known = _modules()
+    return {name: _imports(name, path, known) for name, path in known.items()}
+
+
+def _package(module: str) -> str:
+    """The package a module belongs to (``engine.methods.ssr`` for ``engine.methods.ssr.loop``)."""
+    path = ROOT.joinpath(*module.split("."))
+    return module if path.is_dir() else module.rpartition(".")[0]
+
+
+def test_no_import_cycle():
+    graph = {m: {t for t, _ in targets if t != m and t in _modules()} for m, targets in _graph().items()}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*trail[trail.index(nxt):], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*trail, nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_no_private_name_crosses_a_package():
+    crossing = [f"{m} imports {t}.{n}" for m, targets in _graph().items() for t, n in targets
+                if n and n.startswith("_") and not n.startswith("__") and _package(t) != _package(m)]
+    assert not crossing, "\n".join(crossing)
+
+
+RULES = [  # (importer prefix, forbidden prefix, why)
+    ("engine", "ssr_ui", "the engine knows nothing of the UI"),
+    ("engine", "gradio", "the engine never imports Gradio"),
+    ("engine.methods", "engine.remote", "a method never imports a backend: the registry hands it one"),
+    ("engine.methods", "engine.tools", "a method never imports a tool"),
+    ("engine.methods", "engine.registry", "the registry composes the methods, not the reverse"),
+    ("engine.runtime", "engine.methods", "the runtime sits under the methods"),
+    ("engine.runtime", "engine.remote", "the runtime is in process"),
+    ("engine.runtime", "engine.tools", "the runtime never imports a tool"),
+]
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def test_dependencies_point_one_way():
+    broken = [f"{m} imports {t}: {why}" for m, targets in _graph().items() for t, _ in targets
+              for src, dst, why in RULES if _under(m, src) and _under(t, dst)]
+    assert not broken, "\n".join(sorted(set(broken)))
+
+
+def test_the_checks_see_the_imports():
+    """The graph is read right: known edges are there (else the tests above would pass vacuously)."""
+    graph = {m: {t for t, _ in targets} for m, targets in _graph().items()}
+    assert "engine.registry" in graph["ssr_ui.handlers"]
+    assert "engine.methods.ssr.loop" in graph["engine.registry"]
+    assert any(_under(t, "engine.runtime") for t in graph["engine.methods.ssr.loop"])
