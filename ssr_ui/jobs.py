@@ -14,7 +14,8 @@ So the studio keeps its own registry, keyed by Gradio's event id (one per submit
   runs nothing and logs nothing (the choice documented in docs/STUDIO.md). It also reads the
   replies to ``POST .../queue/join``, so it knows each session's jobs before they start: a client
   that cancels before it has learnt its job's id (``gradio_client`` then sends no id) cancels the
-  job whose join is still in flight for that session, else its session's newest unfinished job.
+  job whose join is still in flight for that session, else its session's newest unfinished job,
+  else the session's next join (the client sent its cancel before its join).
 * :meth:`Jobs.start` refuses a second start of the same job, so no job is ever run twice.
 * The studio's own Stop button marks every job of its browser session (:meth:`Jobs.cancel_session`).
 
@@ -27,7 +28,7 @@ event is held back from the run log). The cancel reply says which, and the run l
   before, in a comparison or a sweep, stay ``ok``); nothing after it runs.
 * ``already finished``: its last run had ended (logged ``ok``, or ``error`` if it failed) before the
   cancel arrived; nothing changes.
-* ``not found``: no job of that id (or, without an id, no unfinished job of that session).
+* ``not found``: no job of that id; nothing changes.
 
 The one case the reply cannot foresee: a run that fails with an error between the cancel and its
 next event is logged ``error`` (it did fail), after a ``cancelled`` reply.
@@ -172,8 +173,11 @@ class Jobs:
     def cancel(self, event_id: str | None, session: str | None = None) -> tuple[str, str | None]:
         """Cancel one job, queued or running: ``(reply, event_id)``, the reply one of
         :data:`CANCELLED`, :data:`ALREADY_FINISHED`, :data:`NOT_FOUND` (the module's contract).
-        Without an ``event_id``: the job whose join is still in flight for ``session`` (its id then
-        unknown: None), else that session's newest unfinished, uncancelled job."""
+        Without an ``event_id`` (the client has not learnt it): the job whose join is still in
+        flight for ``session``; else that session's newest unfinished, uncancelled job (its join
+        reply has not reached the client yet); else the session's next join, which has not arrived
+        yet (``gradio_client`` may send the cancel before its join). The last two reply with no id
+        for a job still to come: ``(CANCELLED, None)``."""
         with self._lock:
             if event_id:
                 job = self._jobs.get(event_id)
@@ -182,9 +186,10 @@ class Jobs:
                 self._pending[session] = self._pending.get(session, 0) + 1
                 return CANCELLED, None
             newest = [j for j in self._jobs.values() if j.session == session and not (j.finished or j.cancelled)]
-            if not newest:
-                return NOT_FOUND, None
-            return newest[-1].request_cancel(), newest[-1].event_id
+            if newest:
+                return newest[-1].request_cancel(), newest[-1].event_id
+            self._pending[session] = self._pending.get(session, 0) + 1  # for the join still to arrive
+            return CANCELLED, None
 
     def cancel_session(self, session: str | None) -> int:
         """Cancel every unfinished job of this browser session; how many were cancelled."""

@@ -50,8 +50,23 @@ def test_cancel_without_an_id_and_no_join_in_flight_takes_the_newest_unfinished_
         pass
     jobs.joined("queued", "s")
     jobs.joined("other-session", "t")
-    jobs.cancel(None, "s")
+    assert jobs.cancel(None, "s") == (CANCELLED, "queued")
     assert jobs.get("queued").cancelled and not jobs.get("other-session").cancelled
+
+
+def test_cancel_sent_before_its_join_arrives_reaches_that_join():
+    """gradio_client may post the cancel before its join reaches the server; the session's other
+    jobs have ended. The tempting wrong answers: "not found" (the job then runs, its cancel lost),
+    or a later id-less cancel taking this job for its own (a storm caught that)."""
+    jobs = Jobs()
+    jobs.joined("earlier", "s")
+    jobs.cancel("earlier")
+    assert jobs.cancel(None, "s") == (CANCELLED, None)  # for the job still to come
+    jobs.joining("s")
+    jobs.joined("late", "s")
+    assert jobs.get("late").cancelled
+    jobs.joined("next", "s")
+    assert not jobs.get("next").cancelled  # one cancel, one job
 
 
 def test_stop_marks_every_job_of_its_session_only():
@@ -77,7 +92,7 @@ def test_the_reply_says_what_happened_to_the_job():
         assert jobs.cancel("late") == (CANCELLED, "late")
         assert not job.end_run(last=True)  # the run claims its end after the cancel: too late
     assert job.cancelled and not job.finished
-    assert jobs.cancel(None, "s") == (NOT_FOUND, None)  # no unfinished job left in the session
+    assert jobs.cancel(None, "s") == (CANCELLED, None)  # nothing unfinished: for the session's next join
 
 
 def test_a_middle_run_of_a_job_leaves_it_cancellable():
@@ -111,7 +126,8 @@ def test_the_cancel_route_answers_with_the_contract():
     assert post({"event_id": "e1", "session_hash": "s"}) == {"success": True, "status": CANCELLED, "event_id": "e1"}
     assert post({"event_id": "e2", "session_hash": "s"})["status"] == ALREADY_FINISHED
     assert post({"event_id": "zz", "session_hash": "s"}) == {"success": False, "status": NOT_FOUND, "event_id": "zz"}
-    assert post({"event_id": 7, "session_hash": "nobody"})["status"] == NOT_FOUND  # not a string id: no job
+    # not a string id: read as no id, so it waits for that session's next join
+    assert post({"event_id": 7, "session_hash": "nobody"}) == {"success": True, "status": CANCELLED, "event_id": None}
 
 
 # ----------------------------------------------------------------------------- the race, held both ways
