@@ -163,7 +163,11 @@ class Hold:
         self._go.set()
 
 
-def _run_in_thread(studio, event_id: str, frames: list):
+def _race(studio, hold: Hold, event_id: str, reply: str) -> list:
+    """Run a job in a thread until it reaches ``hold``, cancel it there (the reply must be
+    ``reply``), let it go on; its frames."""
+    frames: list = []
+
     def work():
         with studio.jobs.running(event_id, "s") as job:
             frames.extend(studio.run(PROMPT, "Baseline", job=job, **SETTINGS))
@@ -171,7 +175,11 @@ def _run_in_thread(studio, event_id: str, frames: list):
     studio.jobs.joined(event_id, "s")
     thread = threading.Thread(target=work, daemon=True)
     thread.start()
-    return thread
+    assert hold.reached.wait(60), "the job never reached the hold"
+    assert studio.jobs.cancel(event_id) == (reply, event_id)
+    hold.release()
+    thread.join(60)
+    return frames
 
 
 def test_a_cancel_that_arrives_while_the_final_event_is_held_wins(studio, monkeypatch):
@@ -190,12 +198,7 @@ def test_a_cancel_that_arrives_while_the_final_event_is_held_wins(studio, monkey
         return run
 
     monkeypatch.setattr(handlers, "decoder", held_decoder)
-    frames: list = []
-    thread = _run_in_thread(studio, "e1", frames)
-    assert hold.reached.wait(60)
-    assert studio.jobs.cancel("e1") == (CANCELLED, "e1")
-    hold.release()
-    thread.join(60)
+    frames = _race(studio, hold, "e1", CANCELLED)
     assert _statuses(studio) == ["cancelled"]
     assert frames[-1].view.phase == "stopped" and "stopped" in frames[-1].metrics
 
@@ -210,12 +213,7 @@ def test_a_cancel_that_arrives_after_the_job_claimed_its_end_changes_nothing(stu
         return save(*args, **kwargs)
 
     monkeypatch.setattr(studio.log, "save", held_save)
-    frames: list = []
-    thread = _run_in_thread(studio, "e2", frames)
-    assert hold.reached.wait(60)
-    assert studio.jobs.cancel("e2") == (ALREADY_FINISHED, "e2")
-    hold.release()
-    thread.join(60)
+    frames = _race(studio, hold, "e2", ALREADY_FINISHED)
     assert _statuses(studio) == ["ok"]
     assert frames[-1].view.phase == "done"
 
