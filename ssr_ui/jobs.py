@@ -182,13 +182,11 @@ class Jobs:
             if event_id:
                 job = self._jobs.get(event_id)
                 return (job.request_cancel() if job else NOT_FOUND), event_id
-            if self._joining.get(session, 0) > self._pending.get(session, 0):  # its job has no id yet
-                self._pending[session] = self._pending.get(session, 0) + 1
-                return CANCELLED, None
-            newest = [j for j in self._jobs.values() if j.session == session and not (j.finished or j.cancelled)]
-            if newest:
-                return newest[-1].request_cancel(), newest[-1].event_id
-            self._pending[session] = self._pending.get(session, 0) + 1  # for the join still to arrive
+            if self._joining.get(session, 0) <= self._pending.get(session, 0):  # no join of it in flight
+                newest = [j for j in self._jobs.values() if j.session == session and not (j.finished or j.cancelled)]
+                if newest:
+                    return newest[-1].request_cancel(), newest[-1].event_id
+            self._pending[session] = self._pending.get(session, 0) + 1  # for the join in flight, or still to come
             return CANCELLED, None
 
     def cancel_session(self, session: str | None) -> int:
