@@ -20,6 +20,8 @@ from engine.methods.rsd.acceptance import check_params
 from engine.runtime.compiled import COMPILE_MODES
 
 MAX_COUNT = 1_000_000  # an upper bound on every token count and interval (far beyond any model's context)
+MAX_SEED = 2**63 - 1  # the largest seed (torch.Generator takes a signed 64-bit integer)
+MAX_TEMPERATURE = 2.0  # the hottest sampling allowed; the studio's slider and the API share this range
 
 
 @dataclass(frozen=True)
@@ -65,9 +67,10 @@ class RunConfig:
             _require(name, getattr(self, name), 1 <= getattr(self, name) <= MAX_COUNT, f"must be in 1..{MAX_COUNT}")
         for name in ("draft_start", "draft_interval", "think_spec"):
             _require(name, getattr(self, name), 0 <= getattr(self, name) <= MAX_COUNT, f"must be in 0..{MAX_COUNT}")
-        _require("seed", self.seed, 0 <= self.seed < 2**63, "must be in 0..2**63-1")
-        _require("temperature", self.temperature,
-                 math.isfinite(self.temperature) and self.temperature >= 0, "must be a finite number >= 0")
+        _require("seed", self.seed, 0 <= self.seed <= MAX_SEED, "must be in 0..2**63-1")
+        _require("temperature", self.temperature, math.isfinite(self.temperature), "must be a finite number")
+        _require("temperature", self.temperature, 0 <= self.temperature <= MAX_TEMPERATURE,
+                 f"must be in 0..{MAX_TEMPERATURE:g}")
         _require("top_p", self.top_p, 0 < self.top_p <= 1, "must be in (0, 1]")
         _require("spec_factor", self.spec_factor, math.isfinite(self.spec_factor) and self.spec_factor >= 0,
                  "must be a finite number >= 0 (0: no cap)")
@@ -131,11 +134,18 @@ class RunConfig:
 
 def number(name: str, value, whole: bool = False) -> float | int:
     """A finite number (a whole one with ``whole``) from a number or a numeric string; ValueError
-    naming ``name`` otherwise."""
+    naming ``name`` otherwise. Whole numbers stay exact: "9223372036854775807" is that integer,
+    never a float's neighbour of it ("1e3" is 1000).
+
+    >>> number("seed", "9223372036854775807", whole=True) == 2**63 - 1
+    True
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"{name}={value!r} must be a number")  # noqa: TRY004 (the boundary's one error type, caught as such)
     if whole and isinstance(value, int):
         return value
+    if whole and isinstance(value, str) and value.strip().lstrip("+-").isdecimal():
+        return int(value)
     try:
         x = float(value)
     except ValueError:

@@ -32,6 +32,8 @@ class PhaseEvent:
     t: float  # seconds since the run started (monotonic clock)
     draft: int | None = None
     at_token: int | None = None  # for "drafting": reasoning tokens the draft has seen
+    done: int | None = None  # for "compiling": step shapes compiled so far...
+    total: int | None = None  # ...of this many
     kind: str = "phase"
 
 
@@ -75,6 +77,7 @@ class RunStats:
     cache_mb: float | None = None  # the run's preallocated KV buffers (every row, every model), sized from its budgets
     compile_s: float = 0.0  # seconds compiling step shapes before the run started (never part of wall_s)
     step_mode: str = ""  # "compiled", or "eager: <why not compiled>" (engine.runtime.compiled)
+    verify: str = ""  # SSR: how its verifies ran on this model, as the capability probe measured (engine.runtime.probe)
     # SSR: mean seconds per reasoning step with no draft live / with drafts riding in the batch
     step_s_alone: float | None = None
     step_s_drafting: float | None = None

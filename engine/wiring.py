@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 from engine.config import RunConfig
 from engine.methods.rsd.loop import check_pair
-from engine.methods.rsd.prm import make_scorer
+from engine.methods.rsd.prm import MathShepherdScorer, QwenMathPRMScorer
 from engine.presets import recommended_settings
 from engine.remote.model import RemoteModel, connect
 from engine.remote.prm import connect_prm
 from engine.runtime.model import LoadedModel, load_model, random_weights_model
+from engine.runtime.probe import capabilities
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ def load_role(name: str, device: str | None = None, server: Server | None = None
         lm = random_weights_model(name, device)
     else:
         lm = load_model(name, device=device)
+    if isinstance(lm, LoadedModel):
+        capabilities(lm)  # measured at load, kept: what SSR relies on, on this model (engine.runtime.probe)
     if target is not None:
         check_pair(target, lm)
     return lm
@@ -59,4 +62,9 @@ def load_scorer(name: str, device: str | None = None, server: Server | None = No
     ``"target-likelihood"`` (no PRM: the RSD loop scores with the target)."""
     if server is not None:
         return connect_prm(name, server.base_url, server.api_key, server.served_name, transport=server.transport)
-    return make_scorer(name, device, trust_remote_code)
+    name = name or "tiny-prm"
+    if name == "target-likelihood":  # resolved when a run's roles are cast (it reads the target's writer)
+        return name
+    if "qwen2.5-math-prm" in name.lower():
+        return QwenMathPRMScorer(name, trust_remote_code, device)
+    return MathShepherdScorer(load_model(name, device=device))  # any math-shepherd-format PRM (ValueError if none)

@@ -12,6 +12,8 @@ import json
 
 import plotly.graph_objects as go
 
+from engine.runlog.compare import match_key, matching_baselines
+
 METHOD_COLORS = {"baseline": "#6b7280", "ssr": "#2563eb", "rsd": "#9333ea", "target": "#b45309",
                  "draft": "#0d9488", "hf": "#db2777", "hf-pld": "#65a30d", "hf-static": "#0891b2"}
 COLORS = {**METHOD_COLORS, **{k.capitalize(): v for k, v in METHOD_COLORS.items()}, "SSR": "#2563eb",
@@ -66,26 +68,23 @@ def token_composition(rows: list[dict]) -> go.Figure:
 
 
 def speedup_vs_draft_start(rows: list[dict]) -> go.Figure:
-    """History: SSR latency ratio to the median logged baseline of the same prompt and model."""
+    """History: SSR latency ratio to the median of the logged baselines that match each run
+    (``engine.runlog.compare``: same prompt, model and settings; finished runs only)."""
     import statistics
 
-    ok = [r for r in rows if r["status"] == "ok" and r["wall_s"]]
     xs, ys, text = [], [], []
-    for r in ok:
-        if r["method"] != "ssr":
-            continue
-        base = [b["wall_s"] for b in ok if b["method"] == "baseline" and b["prompt_hash"] == r["prompt_hash"]
-                and b["model"] == r["model"]]
+    for r in rows:
+        base = [b["wall_s"] for b in matching_baselines(r, rows)] if r["method"] == "ssr" else []
         if base:
             xs.append(json.loads(r["config"]).get("draft_start"))
             ys.append(r["wall_s"] / statistics.median(base))
-            text.append(f"run #{r['id']} (vs median of {len(base)} baselines)")
+            text.append(f"run #{r['id']} (vs median of {len(base)} matching baselines)")
     fig = go.Figure(go.Scatter(x=xs, y=ys, mode="markers", text=text, name="SSR",
                                marker=dict(color=COLORS["ssr"], size=9)))
     _layout(fig, "SSR latency / baseline vs draft start", xaxis_title="draft start (reasoning tokens)",
             yaxis_title="latency ratio", showlegend=False)
     if not xs:
-        return _empty(fig, "Needs an SSR run and a Baseline run of the same prompt (or use Compare).")
+        return _empty(fig, "Needs an SSR run and a Baseline run of the same prompt and settings (or use Compare).")
     fig.add_hline(y=1.0, line_dash="dot", line_color="#6b7280")
     return fig
 
@@ -119,24 +118,24 @@ def rsd_by_threshold(rows: list[dict]) -> go.Figure:
     target writing alone) on the same prompts where those were logged, else absolute; the
     target's accuracy on those prompts as a dotted line."""
     ok = [r for r in rows if r["status"] == "ok"]
-    ref: dict[tuple, list[dict]] = {}
+    ref: dict[tuple, list[dict]] = {}  # the target's runs by match key (same prompt, model, settings)
     for r in ok:
         if r["method"] in ("target", "baseline") and r.get("flops"):
-            ref.setdefault((r["prompt_hash"], r["model"]), []).append(r)
+            ref.setdefault(match_key(r), []).append(r)
     groups: dict[float, list[dict]] = {}
     for r in ok:
         if r["method"] == "rsd":
             groups.setdefault(json.loads(r["config"]).get("threshold"), []).append(r)
     xs = sorted(t for t in groups if t is not None)
     acc = [_mean([g["correct"] for g in groups[t] if g["correct"] is not None]) for t in xs]
-    ratios = [_mean([g["flops"] / _mean([b["flops"] for b in ref[(g["prompt_hash"], g["model"])]])
-                     for g in groups[t] if (g["prompt_hash"], g["model"]) in ref]) for t in xs]
+    ratios = [_mean([g["flops"] / _mean([b["flops"] for b in ref[match_key(g)]])
+                     for g in groups[t] if match_key(g) in ref]) for t in xs]
     relative = all(r is not None for r in ratios) and bool(xs)
     flops = ratios if relative else [_mean([g["flops"] for g in groups[t]]) for t in xs]
     fig = go.Figure()
     if any(a is not None for a in acc):
         fig.add_trace(go.Scatter(x=xs, y=acc, name="RSD accuracy", mode="lines+markers", marker_color=COLORS["rsd"]))
-        seen = {(g["prompt_hash"], g["model"]) for t in xs for g in groups[t]}
+        seen = {match_key(g) for t in xs for g in groups[t]}
         target_acc = _mean([b["correct"] for k in seen for b in ref.get(k, []) if b["correct"] is not None])
         if target_acc is not None:
             fig.add_hline(y=target_acc, line_dash="dot", line_color=COLORS["target"],

@@ -13,8 +13,8 @@ import html
 import io
 import json
 
-from engine.events import PhaseEvent, StepEvent, TokenEvent
-from ssr_ui.render import LEGEND, TraceView
+from engine.events import PhaseEvent, RunStats, StepEvent, TokenEvent
+from ssr_ui.render import LEGEND, TraceView, metrics_html
 
 FORMAT = "ssr-studio-trace/1"
 _KINDS = {"phase": PhaseEvent, "token": TokenEvent, "step": StepEvent}
@@ -48,18 +48,37 @@ def run_from_json(text: str) -> tuple[dict, list]:
     return doc.get("run", {}), events
 
 
-def run_to_html(row: dict, events: list, css: str) -> str:
-    """A self-contained page: the settings, the three panes coloured as in the studio."""
-    view = TraceView()
+FACTS = {"method": "method", "model": "model", "draft_model": "draft model", "prm": "process reward model",
+         "dtype": "precision", "device": "device", "status": "status", "error": "error", "created_at": "when (UTC)"}
+PHASE_OF_STATUS = {"ok": "done", "cancelled": "stopped"}
+
+
+def logged_view(row: dict, events: list) -> TraceView:
+    """A logged or imported run folded as the live view folded it: its panes (the end-of-thinking
+    badge included), its logged statistics and a phase from its status."""
+    view = TraceView(method=str(row.get("method") or ""), think_end=row.get("think_end"))
     for ev in events:
         view.apply(ev)
+    view.stats = RunStats(**{k: row[k] for k in RunStats.field_names() if row.get(k) is not None})
+    view.phase = PHASE_OF_STATUS.get(row.get("status"), str(row.get("status") or "imported"))
+    return view
+
+
+def run_to_html(row: dict, events: list, css: str, metrics: str | None = None) -> str:
+    """A self-contained page: who ran it (every model named), the metrics strip as the studio shows
+    it (``metrics``: the replay's, with its vs-baseline ratio; by default the strip without one),
+    the settings, and the three panes coloured as in the studio."""
+    view = logged_view(row, events)
     if view.steps:  # RSD: the rejected steps, each once
         drafts = view.draft_html()
     else:
         drafts = "".join(f"<h3>Draft {d}</h3>{view.draft_html(d)}" for d in sorted(view.drafts)) or view.draft_html()
-    facts = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fact(row.get(k)))}</td></tr>"
-                    for k in ("method", "model", "status", "wall_s", "ttft_s", "reasoning_tokens", "answer_tokens",
-                              "accepted", "recovered", "generated", "rejected", "rejected_lookup", "flops", "config"))
+    facts = "".join(f"<tr><th>{label}</th><td>{html.escape(_fact(row.get(k)))}</td></tr>"
+                    for k, label in FACTS.items() if row.get(k) is not None)
+    config = row.get("config")
+    config = json.loads(config) if isinstance(config, str) else config or {}
+    settings = " · ".join(f"{html.escape(str(k))} {html.escape(_fact(v))}" for k, v in sorted(config.items()))
+    strip = metrics if metrics is not None else metrics_html(view, str(row.get("method") or "?"))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>SSR Studio trace #{html.escape(str(row.get("id", "")))}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:24px;max-width:1400px}}
@@ -67,7 +86,8 @@ def run_to_html(row: dict, events: list, css: str) -> str:
 {css}</style></head><body>
 <h1>SSR Studio trace</h1>
 <p><b>Prompt:</b> {html.escape(str(row.get("prompt", "")))}</p>
-<table>{facts}</table>
+<table>{facts}<tr><th>settings</th><td>{settings}</td></tr></table>
+{strip}
 {LEGEND}
 <div class="grid"><div><h2>Reasoning</h2>{view.reasoning_html()}</div>
 <div><h2>Draft</h2>{drafts}</div><div><h2>Final answer</h2>{view.answer_html()}</div></div>
@@ -76,7 +96,7 @@ def run_to_html(row: dict, events: list, css: str) -> str:
 
 
 def _fact(value) -> str:
-    """A value for the settings table: floats to 4 significant digits, config JSON as it is."""
+    """A value for the settings table: floats to 4 significant digits, the rest as it is."""
     if isinstance(value, float):
         return f"{value:.4g}"
     return "" if value is None else str(value)

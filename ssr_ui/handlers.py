@@ -28,13 +28,14 @@ from engine.presets import provenance, recommended_settings
 from engine.registry import decoder
 from engine.remote.client import BackendError
 from engine.runlog import RunLog, RunLogError, RunMeta, prompt_hash
+from engine.runlog.compare import finished, matched_on, matching_baselines
 from engine.runtime.model import LoadedModel, ModelLoadError, SSRUnsupportedError
 from engine.tools.agreement import agreement
 from engine.wiring import run_config
 from ssr_ui import charts
 from ssr_ui.frame import Frame
 from ssr_ui.history import PastRuns
-from ssr_ui.jobs import Job, Jobs, json_object
+from ssr_ui.jobs import Job, Jobs
 from ssr_ui.render import TraceView, error_html, metrics_html
 from ssr_ui.shelf import ModelShelf
 
@@ -168,7 +169,8 @@ class Studio(ModelShelf, PastRuns):
         if method == "ssr":
             lm.require_markers()
         rsd = rsd or {}
-        meta = RunMeta(method, lm.model_id, prompt, cfg.to_dict(), device=getattr(lm, "backend", str(lm.device)),
+        meta = RunMeta(method, lm.model_id, prompt, cfg.to_dict(), device=_device(lm), dtype=getattr(lm, "dtype", None),
+                       think_end=_think_end(lm),
                        draft_model=rsd.get("draft_name") if method == "rsd" else None,
                        prm=rsd.get("prm_name") if method == "rsd" else None)
         shown_at = 0.0
@@ -204,34 +206,36 @@ class Studio(ModelShelf, PastRuns):
 
     def _frame(self, view, name, lm, prompt, cfg, final=False, chart=None) -> Frame:
         compare = None
-        if final and name != "Baseline" and view.phase != "stopped":
+        if final and name != "Baseline":
             try:
-                compare = self.compare_to_baseline(view, lm.model_id, prompt, cfg)
+                compare = self.compare_to_baseline(_live_row(view, METHOD_NAMES[name], lm, prompt, cfg), view.done, cfg)
             except RunLogError as err:
                 view.notice = view.notice or f"history unavailable: {err}"
         return Frame.of(view, metrics_html(view, name, compare), chart)
 
-    def compare_to_baseline(self, view: TraceView, model_id: str, prompt: str, cfg: RunConfig) -> dict | None:
-        """Latency ratio to the median of the logged baseline runs of the same prompt, model and
-        budgets (``baselines`` says how many), and (greedy) whether the answer equals the latest."""
-        if view.done is None:
+    def compare_to_baseline(self, run: dict, done, cfg: RunConfig) -> dict | None:
+        """``run`` (a runs-table row, or :func:`_live_row` of a run just finished) against the
+        logged baseline runs that match it (``engine.runlog.compare``): ``None`` for a run that did
+        not finish; ``{"baselines": 0, "matched_on": ...}`` when none match; else the latency ratio to
+        their median, how many there were and how they match, and (greedy) whether the answer equals
+        the latest one's. ``done`` is the run's final event (its stats and texts)."""
+        if done is None or not finished(run):
             return None
-        budgets = {k: cfg.to_dict()[k] for k in ("max_think", "max_answer")}
-        rows = [r for r in self.log.runs(limit=50, method="baseline", prompt_hash=prompt_hash(prompt), model=model_id)
-                if r["status"] == "ok" and r["wall_s"] and _config_has(r, budgets)]
+        logged = self.log.runs(limit=200, method="baseline", prompt_hash=run["prompt_hash"], model=run["model"])
+        rows = matching_baselines(run, logged)
+        out = {"baselines": len(rows), "matched_on": matched_on(run)}
         if not rows:
-            return None
-        identical = view.done.answer_text == rows[0]["answer_text"] if cfg.greedy else None
-        out = {"ratio": view.done.stats.wall_s / statistics.median(r["wall_s"] for r in rows), "identical": identical,
-               "baselines": len(rows)}
+            return out
+        out["ratio"] = done.stats.wall_s / statistics.median(r["wall_s"] for r in rows)
+        out["identical"] = done.answer_text == rows[0]["answer_text"] if cfg.greedy else None
         flops = [r["flops"] for r in rows if r.get("flops")]
-        if view.done.stats.flops and flops:
-            out["flops_ratio"] = view.done.stats.flops / statistics.median(flops)
-        lm = self._models.get(model_id)
-        if cfg.greedy and isinstance(lm, LoadedModel) and getattr(view.done, "reasoning_ids", None) is not None:
+        if done.stats.flops and flops:
+            out["flops_ratio"] = done.stats.flops / statistics.median(flops)
+        lm = self._models.get(run["model"])
+        if cfg.greedy and isinstance(lm, LoadedModel) and getattr(done, "reasoning_ids", None) is not None:
             base = [e.token_id for e in self.log.events(rows[0]["id"])
                     if e.kind == "token" and e.stream in ("reasoning", "answer")]
-            out["agreement"] = agreement(lm, prompt, base, view.done.reasoning_ids + view.done.answer_ids)
+            out["agreement"] = agreement(lm, run["prompt"], base, done.reasoning_ids + done.answer_ids)
         return out
 
     def rsd_rule(self, model_name: str, cfg: RunConfig) -> str:
@@ -295,9 +299,18 @@ class Studio(ModelShelf, PastRuns):
         except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
             yield error_html(str(err)), None
 
-def _config_has(row: dict, values: dict) -> bool:
-    config = json_object(row.get("config"))
-    return all(config.get(k) == v for k, v in values.items())
+def _device(lm) -> str:
+    """Where a model runs, as the run log records it: "cpu", "cuda:0", or its server's URL."""
+    return getattr(lm, "backend", str(lm.device))
+
+
+def _live_row(view: TraceView, method: str, lm, prompt: str, cfg: RunConfig) -> dict:
+    """The runs-table row a run just streamed into ``view`` is logged as, as far as comparing it
+    needs (``engine.runlog.compare.match_key``); ``ok`` only when it reached its final event."""
+    return {"method": method, "status": "ok" if view.done is not None and view.phase == "done" else "cancelled",
+            "prompt": prompt, "prompt_hash": prompt_hash(prompt), "model": lm.model_id,
+            "dtype": getattr(lm, "dtype", None), "device": _device(lm), "config": cfg.to_dict(),
+            "step_mode": view.stats.step_mode if view.stats else ""}
 
 
 def _dtypes(lm: LoadedModel, rsd: dict) -> str:

@@ -9,9 +9,12 @@ from pathlib import Path
 
 from engine.config import RunConfig, number
 from engine.events import RunStats
+from engine.runlog import prompt_hash
+from engine.runlog.compare import finished
+from ssr_ui.export import logged_view
 from ssr_ui.frame import Frame
 from ssr_ui.jobs import json_object
-from ssr_ui.render import CSS, TraceView, metrics_html
+from ssr_ui.render import CSS, metrics_html
 
 
 class PastRuns:
@@ -22,24 +25,24 @@ class PastRuns:
         filters = {} if method in ("", "all", None) else {"method": method}
         return self.log.runs(limit=limit, **filters)
 
-    def export(self, run_id: int | None, kind: str) -> str:
-        """Write run ``run_id`` (``kind`` "json" or "html") or the runs table ("csv") to a file in
-        a temporary folder; returns its path."""
+    def export(self, run_id: int | None, kind: str, method: str = "all") -> str:
+        """Write run ``run_id`` (``kind`` "json" or "html") or the runs table ("csv", the runs of
+        ``method`` as History's filter shows them) to a file in a temporary folder; returns its path."""
         import tempfile
 
         from ssr_ui.export import run_to_html, run_to_json, runs_to_csv
 
         folder = Path(tempfile.mkdtemp(prefix="ssr-studio-"))
         if kind == "csv":
-            path = folder / "runs.csv"
-            path.write_text(runs_to_csv(self.log.runs(limit=100_000)), encoding="utf-8")
+            path = folder / ("runs.csv" if method in ("", "all", None) else f"runs-{method}.csv")
+            path.write_text(runs_to_csv(self.history(method, limit=100_000)), encoding="utf-8")
             return str(path)
         run_id = _run_id(run_id)
         row, events = self.log.run(run_id), self.log.events(run_id)
         if kind == "json":
             text = run_to_json(row, events)
         elif kind == "html":
-            text = run_to_html(row, events, CSS)
+            text = run_to_html(row, events, CSS, self._past(row, events).metrics)
         else:
             raise ValueError(f"unknown export format {kind!r}")
         path = folder / f"run-{int(run_id)}.{kind}"
@@ -63,20 +66,16 @@ class PastRuns:
         return self._past(self.log.run(run_id), self.log.events(run_id))
 
     def _past(self, row: dict, events: list) -> Frame:
-        """A logged or imported run as the Run tab showed it: panes, every metric, the vs-baseline ratio."""
-        view = TraceView(method=str(row.get("method", "")))
-        for ev in events:
-            view.apply(ev)
-        fields = {k: row[k] for k in RunStats.field_names() if row.get(k) is not None}
-        view.stats = RunStats(**fields)
-        view.phase = {"ok": "done", "cancelled": "stopped"}.get(row.get("status"), str(row.get("status", "imported")))
+        """A logged or imported run as the Run tab showed it: panes, every metric, the vs-baseline
+        ratio (a run that did not finish gets none: ``engine.runlog.compare``)."""
+        view = logged_view(row, events)
         compare = None
-        if row.get("method") not in (None, "baseline") and view.stats.wall_s and row.get("prompt"):
+        if row.get("method") not in (None, "baseline") and finished(row) and row.get("prompt"):
             config = row.get("config")
             cfg = RunConfig(**{k: v for k, v in (config if isinstance(config, dict) else json_object(config)).items()
                                if k in RunConfig.field_names()})
-            view.done = _Done(view.stats, row.get("answer_text") or "")
-            compare = self.compare_to_baseline(view, str(row.get("model")), row["prompt"], cfg)
+            run = {**row, "prompt_hash": prompt_hash(row["prompt"])}
+            compare = self.compare_to_baseline(run, _Done(view.stats, row.get("answer_text") or ""), cfg)
         frame = Frame.of(view, metrics_html(view, str(row.get("method", "?")), compare))
         return dataclasses.replace(frame, prompt=str(row.get("prompt", "")))
 

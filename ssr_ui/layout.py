@@ -16,6 +16,7 @@ from functools import partial
 
 import gradio as gr
 
+from engine.config import MAX_SEED, MAX_TEMPERATURE
 from engine.methods.rsd.acceptance import WEIGHTINGS
 from engine.presets import BUNDLED, PRESETS
 from engine.registry import METHODS
@@ -108,9 +109,8 @@ def build_app(studio: Studio) -> gr.Blocks:
             with gr.Row(elem_classes="examples"):
                 for label, prompts in examples().items():
                     gr.Examples([[p] for p in prompts], inputs=[prompt], label=label)
-            draft_start = _as_sent(gr.Slider(0, cfg.max_think - 1, value=cfg.draft_start, step=1,
-                                             label="Draft start (reasoning tokens)", elem_id="draft-start",
-                                             info="where the draft forks; below the model's max think"))
+            draft_start = _as_sent(gr.Number(value=cfg.draft_start, precision=0, label="Draft start (reasoning tokens)",
+                                             elem_id="draft-start", info=_draft_start_info(cfg.max_think)))
             with gr.Accordion("Draft-start sweep", open=False):
                 with gr.Row():
                     sweep_from = _as_sent(gr.Number(value=0, precision=0, label="From"))
@@ -135,9 +135,11 @@ def build_app(studio: Studio) -> gr.Blocks:
                         value=cfg.think_spec, precision=0, label="Reasoning lookup",
                         info="lookup tokens each row may verify per reasoning step (0: one token per step, as in the paper)"))
                 with gr.Row():
-                    temperature = _as_sent(gr.Slider(0, 2, value=cfg.temperature, step=0.05,
+                    temperature = _as_sent(gr.Slider(0, MAX_TEMPERATURE, value=cfg.temperature, step=0.05,
                                                      label="Temperature (0 = greedy)"))
-                    seed = _as_sent(gr.Number(value=cfg.seed, precision=0, label="Seed"))
+                    # a text box: a browser's number holds 2**53 exactly at most, a seed goes to 2**63 - 1
+                    seed = _as_sent(gr.Textbox(value=str(cfg.seed), label="Seed", max_lines=1,
+                                               info=f"a whole number in 0..{MAX_SEED}"))
                     exact = gr.Checkbox(value=cfg.exact, label="Exact mode",
                                         info="batch- and width-invariant forwards: bitwise the same answer, slower")
                     compile_steps = gr.Radio(list(COMPILE_MODES), value=cfg.compile, label="Compiled steps",
@@ -281,12 +283,12 @@ def build_app(studio: Studio) -> gr.Blocks:
             show_progress="minimal", show_progress_on=[sweep_status])
 
         def model_settings(name, think):
-            """The draft-start slider spans the model's reasoning budget (its tuned one, if any)."""
+            """The draft-start box states the model's reasoning budget (its tuned one, if any)."""
             try:
                 c = studio.config(name, max_think=think)
             except ValueError:
                 return gr.update()
-            return gr.update(maximum=c.max_think - 1, value=min(c.draft_start, c.max_think - 1))
+            return gr.update(value=min(c.draft_start, c.max_think - 1), info=_draft_start_info(c.max_think))
 
         def model_budgets(name):
             try:
@@ -324,14 +326,14 @@ def build_app(studio: Studio) -> gr.Blocks:
         past_outputs = [h_prompt, h_metrics, h_reasoning, h_draft, h_answer]
         show.click(lambda rid: past_run(lambda: studio.replay(rid)), [run_id], past_outputs, api_name="replay")
 
-        def do_export(rid, kind):
+        def do_export(rid, method_name, kind):
             try:
-                return studio.export(rid, kind), ""
+                return studio.export(rid, kind, method_name), ""
             except ValueError as err:
                 return None, error_html(str(err))
 
         for button, kind in ((export_json, "json"), (export_html, "html"), (export_csv, "csv")):
-            button.click(partial(do_export, kind=kind), [run_id], [exported, h_metrics], **PRIVATE)
+            button.click(partial(do_export, kind=kind), [run_id, method_filter], [exported, h_metrics], **PRIVATE)
 
         def do_import(path):
             if not path:
@@ -340,6 +342,12 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         imported.change(do_import, [imported], past_outputs, **PRIVATE)
     return demo
+
+
+def _draft_start_info(max_think: int) -> str:
+    """The draft-start box's range. A typed value is sent as typed and checked by the run
+    (``RunConfig.check_ssr``), never clamped: a slider would send 599 while showing 700."""
+    return f"where the draft forks: a whole number in 0..{max_think - 1} (below max think)"
 
 
 def _cell(column: str, value):

@@ -77,6 +77,7 @@ class TraceView:
     rule: str | None = None  # RSD: the acceptance rule and where its numbers came from
     dtypes: str | None = None  # what precision each model runs in
     notice: str | None = None  # something the user must know about this run (e.g. "not saved: ...")
+    compiled_shapes: tuple[int, int] | None = None  # while compiling: step shapes done, of how many
     _next_step_at: tuple[str, int] = ("reasoning", 0)  # where the next kept step begins
     tally: TokenTally = field(default_factory=lambda: TokenTally(RunStats()), repr=False, compare=False)
 
@@ -88,6 +89,8 @@ class TraceView:
                 self.drafts.setdefault(ev.draft, [])
             else:
                 self.phase = ev.phase
+                if ev.phase == "compiling" and ev.total:
+                    self.compiled_shapes = (ev.done, ev.total)
         elif isinstance(ev, TokenEvent):
             tok = Tok(ev.token_id, ev.text, ev.status, ev.t, ev.draft, ev.source, ev.match_len)
             if ev.stream == "reasoning":
@@ -118,8 +121,10 @@ class TraceView:
                 if at == i:
                     spans.append(f'<span class="fork" title="draft {d} forked here">▼ draft {d}</span>')
             spans += self._step_badge("reasoning", i)
-            if tok.text and tok.text == self.think_end and i == len(self.reasoning) - 1:
-                spans.append(tok.span("").replace("</span>", '<span class="think-end">end of thinking</span></span>'))
+            if self.think_end and tok.text.endswith(self.think_end) and i == len(self.reasoning) - 1:
+                # the marker's piece may carry bytes a byte-level tokenizer held back before it
+                badge = '<span class="think-end">end of thinking</span></span>'
+                spans.append(tok.span(tok.text[:-len(self.think_end)]).replace("</span>", badge))
             else:
                 spans.append(tok.span())
         for d, at in forks:
@@ -206,8 +211,9 @@ LEGEND = (
 
 
 def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> str:
-    """The live metrics strip; ``compare`` (after a run) holds the logged baselines of the same
-    prompt and model: ``{"ratio": float, "identical": bool | None, "baselines": int}``."""
+    """The live metrics strip; ``compare`` (after a finished run) is
+    ``ssr_ui.handlers.Studio.compare_to_baseline``'s: ``{"baselines": 0, ...}`` when no logged
+    baseline matches the run's settings, else ``{"ratio", "identical", "baselines", "matched_on", ...}``."""
     c = view.counts()
     n_tokens = len(view.reasoning) + len(view.answer)
     elapsed = view.stats.wall_s if view.stats else view.elapsed
@@ -223,7 +229,8 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
     if view.exact:
         items.insert(2, ("numerics", "exact"))
     if view.phase == "compiling":
-        items[1] = ("phase", "compiling steps for this device (once per model and shape)")
+        shapes = f": {view.compiled_shapes[0]} of {view.compiled_shapes[1]} shapes" if view.compiled_shapes else ""
+        items[1] = ("phase", f"compiling steps for this device{shapes} (once per model and shape)")
     if view.stats and view.stats.step_mode.startswith("vllm "):
         items.append(("backend", html.escape(view.stats.step_mode)))
     elif view.stats and view.stats.step_mode:
@@ -231,6 +238,8 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         steps = "compiled" + (f" (compiling took {view.stats.compile_s:.1f} s before the run)" if view.stats.compile_s
                               else "") if compiled else "eager"
         items.append(("steps", f'<span title="{html.escape(view.stats.step_mode)}">{steps}</span>'))
+    if view.stats and (view.stats.verify or "").startswith("one token"):  # the probe routed this model's verifies
+        items.append(("verify", f'<span title="{html.escape(view.stats.verify)}">one token per step</span>'))
     if view.stats and view.stats.cache_mb:
         items.append(("KV cache", si(view.stats.cache_mb * 2**20) + "B"))
     if view.steps:  # RSD keeps or rewrites whole steps: it recovers no tokens
@@ -247,15 +256,21 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         items.insert(3, ("first answer token", f"{view.stats.ttft_s:.2f} s"))
     if view.stats and view.stats.rejected_lookup:
         items.append(("lookup misses", str(view.stats.rejected_lookup)))
-    if compare:
-        n = compare.get("baselines", 1)
-        items.append(("vs baseline", f"{compare['ratio']:.2f}x latency" + (f" (median of {n})" if n > 1 else "")))
+    if compare is not None and not compare.get("baselines"):
+        items.append(("vs baseline", "no baseline run with these settings yet: run Baseline with them"))
+    elif compare:
+        n = compare["baselines"]
+        which = f" (median of {n}) · {n} matching baseline runs" if n > 1 else " · 1 matching baseline run"
+        items.append(("vs baseline", f"{compare['ratio']:.2f}x latency{which}: {html.escape(compare['matched_on'])}"))
         if compare.get("agreement") is not None:
             a = compare["agreement"]
             items.append(("same as baseline", "✔ identical" if a.identical else
                           f"✘ from token {a.diverged_at} (top-2 margin {a.margin:.3g})"))
         elif compare.get("identical") is not None:
             items.append(("same answer", "✔" if compare["identical"] else "✘ differs"))
+    elif view.phase in ("stopped", "error") and view.method not in ("", "baseline"):
+        ended = "was stopped" if view.phase == "stopped" else "failed"
+        items.append(("vs baseline", f"none: a run that {ended} is not compared"))
     cells = "".join(f'<div class="metric"><div class="k">{k}</div><div class="v">{v}</div></div>' for k, v in items)
     note = f'<div class="metrics-notice">⚠ {html.escape(view.notice)}</div>' if view.notice else ""
     return f'<div class="strip"><div class="metrics">{cells}</div>{note}</div>'

@@ -24,21 +24,38 @@ SMALL = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_ke
 
 def _config(name: str, vocab: int):
     from transformers import (
+        BambaConfig,
+        DeepseekV3Config,
+        DeepseekV32Config,
         Exaone4Config,
+        FalconH1Config,
+        FalconMambaConfig,
         Gemma2Config,
         Gemma3TextConfig,
         Gemma4TextConfig,
+        Glm4MoeConfig,
+        GPT2Config,
         GptOssConfig,
+        GraniteMoeHybridConfig,
+        JambaConfig,
         Lfm2Config,
         LlamaConfig,
+        Mamba2Config,
+        MambaConfig,
+        MiniMaxConfig,
         MistralConfig,
         NemotronHConfig,
         Olmo3Config,
         Phi3Config,
         Qwen3_5TextConfig,
+        Qwen3MoeConfig,
         Qwen3NextConfig,
     )
 
+    MLA = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, first_k_dense_replace=1,
+               kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, n_group=1,
+               topk_group=1)
+    MLA_SMALL = {**{k: v for k, v in SMALL.items() if k != "head_dim"}, "num_key_value_heads": 4}
     linear = dict(linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
                   linear_num_value_heads=4)
     configs = {
@@ -76,6 +93,46 @@ def _config(name: str, vocab: int):
             intermediate_size=64, layers_block_type=["mamba", "attention", "mamba", "mlp"], ssm_state_size=8,
             mamba_num_heads=4, mamba_head_dim=16, n_groups=2, chunk_size=8, use_mamba_kernels=False,
             max_position_embeddings=512),
+        # --- pure state space (no attention layer at all), and Jamba's Mamba-1 hybrid, whose multi-token
+        # forward after a cached state ignores the state (the probe routes it one token at a time)
+        "mamba": lambda: MambaConfig(vocab_size=vocab, hidden_size=32, state_size=8, num_hidden_layers=2, expand=2,
+                                     conv_kernel=4),
+        "mamba2": lambda: Mamba2Config(vocab_size=vocab, hidden_size=32, state_size=8, num_hidden_layers=2, expand=2,
+                                       num_heads=4, head_dim=16, n_groups=1, chunk_size=8),
+        "falcon-mamba": lambda: FalconMambaConfig(vocab_size=vocab, hidden_size=32, state_size=8, num_hidden_layers=2,
+                                                  expand=2, conv_kernel=4),
+        "jamba": lambda: JambaConfig(
+            vocab_size=vocab, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+            expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+            **{k: v for k, v in SMALL.items() if k != "head_dim"}),
+        "falcon-h1": lambda: FalconH1Config(
+            vocab_size=vocab, num_hidden_layers=2, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8,
+            mamba_n_groups=1, mamba_chunk_size=8, mamba_expand=1, **SMALL),
+        "bamba": lambda: BambaConfig(
+            vocab_size=vocab, num_hidden_layers=2, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16,
+            mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=8, mamba_expand=2,
+            **{k: v for k, v in SMALL.items() if k != "head_dim"}),
+        "granitemoehybrid": lambda: GraniteMoeHybridConfig(
+            vocab_size=vocab, num_hidden_layers=2, layer_types=["mamba", "attention"], num_local_experts=4,
+            num_experts_per_tok=2, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,
+            mamba_chunk_size=8, mamba_expand=2, **{k: v for k, v in SMALL.items() if k != "head_dim"}),
+        # --- mixture of experts, multi-head latent attention, GPT-2's Conv1D (addmm) projections
+        "qwen3-moe": lambda: Qwen3MoeConfig(vocab_size=vocab, num_hidden_layers=2, num_experts=4, num_experts_per_tok=2,
+                                            moe_intermediate_size=16, **SMALL),
+        "deepseek-v3": lambda: DeepseekV3Config(vocab_size=vocab, num_hidden_layers=2, **MLA, **MLA_SMALL),
+        "glm4-moe": lambda: Glm4MoeConfig(vocab_size=vocab, num_hidden_layers=2, n_routed_experts=4,
+                                          num_experts_per_tok=2, moe_intermediate_size=16, first_k_dense_replace=1,
+                                          n_group=1, topk_group=1, **SMALL),
+        "gpt2": lambda: GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=512),
+        # --- DeepSeek-V3.2's indexed sparse attention: its indexer keeps keys of its own, which a rollback
+        # does not crop: SSR is refused by the probe (plain decoding runs)
+        "deepseek-v32": lambda: DeepseekV32Config(vocab_size=vocab, num_hidden_layers=2, index_topk=8, index_n_heads=2,
+                                                  index_head_dim=16, **MLA, **MLA_SMALL),
+        # --- MiniMax's lightning attention: a cache class of its own that refuses the engine's (and reports
+        # no length): plain decoding is refused by the probe, before the run, with transformers' own words
+        "minimax": lambda: MiniMaxConfig(vocab_size=vocab, num_hidden_layers=2, num_local_experts=4,
+                                         num_experts_per_tok=2, layer_types=["linear_attention", "full_attention"],
+                                         block_size=8, **SMALL),
         # --- position-scaled RoPE: frequencies change past SWITCH positions
         "phi3-longrope": lambda: Phi3Config(
             vocab_size=vocab, num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
@@ -92,7 +149,11 @@ def _config(name: str, vocab: int):
 SLIDING = ("mistral-window", "gemma2", "gemma3", "gpt-oss", "olmo3", "exaone4", "gemma-4-e4b-it")
 RECURRENT = ("qwen3.5-4b", "qwen3-next", "lfm2", "nemotron-h")
 SCALED_ROPE = ("phi3-longrope", "llama-dynamic")
-FAMILIES = (*SLIDING, *RECURRENT, *SCALED_ROPE)
+STATE_SPACE = ("mamba", "mamba2", "falcon-mamba", "jamba", "falcon-h1", "bamba", "granitemoehybrid")
+MIXED = ("qwen3-moe", "deepseek-v3", "glm4-moe", "gpt2")  # experts, latent attention, Conv1D projections
+SSR_REFUSED = {"deepseek-v32": "rollback"}  # family: the probe's check that fails there
+PLAIN_REFUSED = {"minimax": "cache of its own"}  # family: what the probe's one-token decoding raised
+FAMILIES = (*SLIDING, *RECURRENT, *SCALED_ROPE, *STATE_SPACE, *MIXED, *SSR_REFUSED, *PLAIN_REFUSED)
 
 
 @functools.cache

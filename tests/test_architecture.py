@@ -11,7 +11,12 @@ or inside a function):
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
+import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "ssr_ui")
@@ -93,6 +98,64 @@ RULES = [  # (importer prefix, forbidden prefix, why)
     ("engine.runtime", "engine.remote", "the runtime is in process"),
     ("engine.runtime", "engine.tools", "the runtime never imports a tool"),
 ]
+
+
+BACKENDS = ("LoadedModel", "RemoteModel", "load_model", "random_weights_model", "connect")
+
+
+def test_methods_see_models_through_the_seams():
+    """A method names the models it runs by the declared seams (``engine.methods.seams``), never
+    by a backend class or loader: which backend runs is the composition root's choice."""
+    named = [f"{m} imports {t}.{n}" for m, targets in _graph().items() if _under(m, "engine.methods")
+             for t, n in targets if n in BACKENDS]
+    assert not named, "\n".join(named)
+
+
+def _members(protocol) -> dict[str, object]:
+    own = [k for k in protocol.__mro__ if k.__module__ == protocol.__module__]
+    names = {n for k in own for n in [*vars(k), *vars(k).get("__annotations__", {})] if not n.startswith("_")}
+    return {n: getattr(protocol, n, None) for n in sorted(names)}
+
+
+def _parameters(fn) -> list[str]:
+    fn = fn.fget if isinstance(fn, property) else fn
+    return [p.name for p in inspect.signature(fn).parameters.values()] if callable(fn) else []
+
+
+@pytest.mark.parametrize("backend, seam", [
+    ("engine.runtime.model:LoadedModel", "StepModel"),
+    ("engine.remote.model:RemoteModel", "ModelBackend"),
+])
+def test_backends_fit_the_seams(backend, seam):
+    """Each backend has every member its seam declares, methods with the same parameters."""
+    from engine.methods import seams
+
+    module, name = backend.split(":")
+    cls, protocol = getattr(importlib.import_module(module), name), getattr(seams, seam)
+    probe = _instance_attributes(cls)
+    missing, differ = [], []
+    for member, declared in _members(protocol).items():
+        if not hasattr(cls, member) and member not in probe:
+            missing.append(member)
+        elif callable(declared) and _parameters(getattr(cls, member)) != _parameters(declared):
+            differ.append(f"{member}{_parameters(getattr(cls, member))} vs {_parameters(declared)}")
+    assert not missing and not differ, f"{name} against {seam}: missing {missing}, parameters differ {differ}"
+
+
+def _instance_attributes(cls) -> set[str]:
+    """The attributes ``cls.__init__`` assigns (``self.x = ...``), read from its source."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))
+    return {t.attr for node in ast.walk(tree) if isinstance(node, ast.Assign) for target in node.targets
+            for t in (target.elts if isinstance(target, ast.Tuple) else [target])
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+
+
+def test_every_proposer_fits_the_seam():
+    from engine.methods.ssr import proposers
+
+    for cls in (proposers.DraftPrefixProposer, proposers.SuffixProposer):
+        for member in ("propose", "observe"):
+            assert _parameters(getattr(cls, member)) == _parameters(getattr(proposers.Proposer, member)), cls
 
 
 def _under(module: str, prefix: str) -> bool:

@@ -315,9 +315,11 @@ def test_compile_time_is_spent_before_the_run_and_reported_apart(eager_compiled,
     monkeypatch.setattr(steps, "_fn", compiling)
     cfg = RunConfig(max_think=12, max_answer=12, compile="on")
     events = list(decode_baseline(lm, "hello", cfg))
-    assert events[0].phase == "compiling" and events[1].phase == "prefill" and events[1].t < COMPILE_S
-    first = events[-1].stats
     shapes = dict(lm.compiled.shapes)
+    compiling = events[: len(shapes) + 1]  # the runtime's progress, relayed: before the first shape, after each
+    assert [(e.phase, e.done, e.total) for e in compiling] == [("compiling", n, len(shapes)) for n in range(len(shapes) + 1)]
+    assert events[len(compiling)].phase == "prefill" and events[len(compiling)].t < COMPILE_S
+    first = events[-1].stats
     assert first.compile_s == COMPILE_S * len(shapes) and len(shapes) == len(BUCKETS)  # every compile, reported
     assert first.wall_s < COMPILE_S  # the run's clock excludes them
     again = list(decode_baseline(lm, "hello", cfg))

@@ -125,15 +125,15 @@ def test_a_fork_reads_the_main_requests_prefix_from_the_cache(server):
 
 def test_rsd_with_its_target_on_the_server_runs_as_in_process(server):
     from engine.methods.rsd.loop import decode_rsd
-    from engine.methods.rsd.prm import make_scorer
+    from engine.wiring import load_scorer
 
     target, draft = load_model("tiny-reasoner", device="cpu"), load_model("tiny-reasoner-draft", device="cpu")
     rm = connect("tiny-reasoner", server)
     cfg = RunConfig(max_think=300, max_answer=100)
     for i in range(2):
         prompt = make_example("arithmetic", EVAL_SEED_BASE + 720 + i).prompt
-        here = list(decode_rsd(target, draft, make_scorer("tiny-prm"), prompt, cfg))[-1]
-        there = list(decode_rsd(rm, draft, make_scorer("tiny-prm"), prompt, cfg))[-1]
+        here = list(decode_rsd(target, draft, load_scorer("tiny-prm"), prompt, cfg))[-1]
+        there = list(decode_rsd(rm, draft, load_scorer("tiny-prm"), prompt, cfg))[-1]
         assert (there.reasoning_ids, there.answer_ids) == (here.reasoning_ids, here.answer_ids)
         assert there.stats.steps_accepted + there.stats.steps_rejected > 1 and there.stats.step_mode.startswith("vllm")
 

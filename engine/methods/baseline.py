@@ -15,19 +15,22 @@ from engine.events import Event
 from engine.methods.budget import ThinkBudget
 from engine.methods.recorder import Recorder
 from engine.methods.sampling import Chooser
+from engine.methods.seams import StepModel
 from engine.runtime.cache import cache_mb
 from engine.runtime.cached import CachedModel
-from engine.runtime.model import LoadedModel
+from engine.runtime.probe import require
 
 
-def decode_baseline(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
+def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     """Yield the events of a plain run of ``prompt`` (the user message, templated here)."""
     prompt_ids = lm.prompt_ids(prompt)
     new_tokens = cfg.max_think + cfg.max_answer + (len(lm.markers.close_ids) if lm.markers else 0)
     lm.check_fits(len(prompt_ids), new_tokens)
+    require(lm, "plain decoding", rollbacks=False)  # the probe may route later multi-token forwards one by one
     lm.begin_run(cfg.exact, cfg.compile)
     rec = Recorder(lm.tokenizer, "baseline", len(prompt_ids), lm.device)
-    yield from rec.compile_steps(lm, len(prompt_ids) + new_tokens)  # before the clock starts
+    yield from rec.compiling(lm.prepare_steps(len(prompt_ids) + new_tokens))  # before the clock starts
+    rec.start_clock(lm.step_mode)
     chooser = Chooser(cfg.temperature, cfg.top_p, cfg.seed)
     markers = lm.markers
     budget = ThinkBudget(markers, cfg.max_think)

@@ -22,7 +22,7 @@ from transformers.generation.streamers import BaseStreamer
 from engine.config import RunConfig
 from engine.events import Event
 from engine.methods.recorder import Recorder
-from engine.runtime.model import LoadedModel
+from engine.methods.seams import StepModel
 
 PLD_TOKENS = 10
 
@@ -44,7 +44,7 @@ class _Clock(BaseStreamer):
         pass
 
 
-def decode_hf(lm: LoadedModel, prompt: str, cfg: RunConfig, prompt_lookup: bool = False,
+def decode_hf(lm: StepModel, prompt: str, cfg: RunConfig, prompt_lookup: bool = False,
               static: bool = False) -> Iterator[Event]:
     """Yield the events of one ``generate()`` call (``prompt_lookup``: with prompt-lookup decoding;
     ``static``: with the static cache)."""

@@ -8,12 +8,13 @@ and ends the run with a :class:`DoneEvent`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 
 from engine.events import DoneEvent, PhaseEvent, RunStats, TokenEvent, TokenTally
 from engine.methods.detok import IncrementalDetokenizer
+from engine.runtime.model import Compiling
 
 
 class Recorder:
@@ -32,13 +33,18 @@ class Recorder:
         if device is not None and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
-    def compile_steps(self, lm, capacity: int, rows: int = 1, row_width: int = 1) -> Iterator[PhaseEvent]:
-        """Compile the step shapes this run can meet (``LoadedModel.compile_for``), saying so with a
-        "compiling" phase when there is something to compile; the run's clock starts after."""
-        if lm.shapes_to_compile(capacity, rows, row_width):
-            yield self.phase("compiling")
-        self.stats.compile_s += lm.compile_for(capacity, rows, row_width)
-        self.stats.step_mode = lm.step_mode
+    def compiling(self, progress: Iterable[Compiling]) -> Iterator[PhaseEvent]:
+        """Relay the runtime's progress in compiling this run's step shapes (a model's
+        ``prepare_steps``) as "compiling" phases; the seconds count as ``compile_s``, never latency."""
+        spent = 0.0
+        for p in progress:
+            spent = p.seconds
+            yield PhaseEvent("compiling", 0.0, done=p.done, total=p.total)
+        self.stats.compile_s += spent
+
+    def start_clock(self, step_mode: str) -> None:
+        """The run starts now, after any compiling; ``step_mode`` says how its steps run."""
+        self.stats.step_mode = step_mode
         self.t0 = self._phase_t0 = time.perf_counter()
         if self.device is not None and self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -96,8 +102,10 @@ class Recorder:
         """Proposed tokens from the prompt, reasoning or answer that were not taken."""
         self.stats.rejected_lookup += count
 
-    def forward(self, n: int = 1) -> None:
+    def forward(self, n: int = 1, tokens: int = 0) -> None:
+        """``n`` forwards of the target, ``tokens`` token positions in all (for its FLOPs)."""
         self.stats.forward_calls += n
+        self.stats.target_tokens += tokens
 
     # ------------------------------------------------------------------ end
     def text(self, stream: str, draft: int | None = None) -> str:

@@ -5,10 +5,13 @@ and a client for the server. It offers what the decode loops read of a model (``
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from engine.remote.client import VllmClient
 from engine.runtime.model import (
+    Compiling,
     ModelLoadError,
     SSRUnsupportedError,
     ThinkMarkers,
@@ -28,8 +31,6 @@ class RemoteModel:
         eos = tokenizer.eos_token_id
         self.eos_ids = eos_ids if eos_ids is not None else frozenset({int(eos)} if eos is not None else set())
 
-    compiled = None  # the server runs its own kernels: nothing to compile here
-
     @property
     def backend(self) -> str:
         return f"vllm {self.client.base_url}"
@@ -43,11 +44,9 @@ class RemoteModel:
     def check_fits(self, prompt_tokens: int, new_tokens: int) -> None:
         """The server checks its own context length (``--max-model-len``) and says so."""
 
-    def shapes_to_compile(self, *sizes) -> list:
-        return []
-
-    def compile_for(self, *sizes) -> float:
-        return 0.0
+    def prepare_steps(self, capacity: int, rows: int = 1, row_width: int = 1) -> Iterator[Compiling]:
+        """Nothing to prepare: the server runs its own kernels."""
+        return iter(())
 
     def prompt_ids(self, user_text: str) -> list[int]:
         return chat_prompt_ids(self.tokenizer, self.markers, user_text)

@@ -9,7 +9,7 @@ import sqlite_utils
 
 from engine.events import RunStats
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 8
 
 
 def _migrate_1(db: sqlite_utils.Database) -> None:
@@ -58,7 +58,19 @@ def _migrate_6(db: sqlite_utils.Database) -> None:
     _add_columns(db["runs"], _stats_columns())
 
 
-MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6}
+def _migrate_7(db: sqlite_utils.Database) -> None:
+    """Version 7: the target's precision (baselines are compared only at the same one) and the text
+    of the model's end-of-thinking marker (a replay shows it as the live view's badge)."""
+    _add_columns(db["runs"], {"dtype": str, "think_end": str})
+
+
+def _migrate_8(db: sqlite_utils.Database) -> None:
+    """Version 8 (capability probes): how an SSR run's verifies ran on its model."""
+    _add_columns(db["runs"], _stats_columns())
+
+
+MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6, 7: _migrate_7,
+              8: _migrate_8}
 
 
 def _stats_columns() -> dict:
@@ -74,7 +86,8 @@ INDEXES = {("method",), ("prompt_hash",)}
 def expected_run_columns() -> set[str]:
     """Every column this version writes into ``runs``."""
     base = {"id", "created_at", "method", "model", "prompt", "prompt_hash", "config", "status", "error", "draft_model",
-            "prm", "prompt_id", "reference", "correct", "origin", "device", "versions", "reasoning_text", "answer_text"}
+            "prm", "prompt_id", "reference", "correct", "origin", "device", "versions", "reasoning_text", "answer_text",
+            "dtype", "think_end"}
     return base | set(_stats_columns())
 
 

@@ -77,7 +77,10 @@ def _attention(cache) -> list:
 
 
 def seq_length(cache) -> int:
-    """Slots in the cache (the longest attention layer; 0 for an empty or recurrent-only cache)."""
+    """Slots in the cache (the longest attention layer; a recurrent-only slot cache counts the
+    tokens fed itself)."""
+    if getattr(cache, "counts_tokens", False):
+        return cache.fed
     return max((layer.get_seq_length() for layer in _attention(cache)), default=0)
 
 

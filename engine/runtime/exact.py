@@ -10,8 +10,8 @@ Exact mode removes every shape-dependent reduction from the forward, under the m
 modelling code (nothing forked, nothing monkey-patched):
 
 * **Linear layers** (every projection, the LM head): a ``TorchFunctionMode`` computes
-  ``F.linear`` one token row at a time, so every row is the same call on the same shapes, whatever
-  else is in the batch.
+  ``F.linear`` (and ``addmm``, GPT-2's Conv1D) one token row at a time, so every row is the same
+  call on the same shapes, whatever else is in the batch.
 * **Attention**: an attention function registered with transformers' ``AttentionInterface`` (and
   its mask with ``AttentionMaskInterface``) computes each query on its own, over exactly the keys
   its mask lets it see, gathered in position order: the scores, the softmax and the weighted sum
@@ -32,6 +32,8 @@ until then the same code runs there too, as the slow, exact path.
 from __future__ import annotations
 
 import contextlib
+import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +47,9 @@ class _RowwiseLinear(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in (torch.addmm, torch.Tensor.addmm) and not kwargs and len(args) == 3 and args[1].dim() == 2:
+            bias, rows, weight = args  # GPT-2's Conv1D: bias + x @ W, one token row at a time
+            return torch.cat([torch.addmm(bias, rows[i : i + 1], weight) for i in range(rows.shape[0])])
         if func is not F.linear:
             return func(*args, **kwargs)
         x, weight = args[0], args[1]
@@ -100,3 +105,117 @@ def exact_forwards(model):
             yield
     finally:
         config._attn_implementation = before
+
+
+# ---------------------------------------------------------------------------- the self-check
+
+ROWS = (2, 3)  # row 0 beside one and two other rows
+WIDTHS = (4, 16, 32)  # a token alone vs at every offset of windows this wide
+PREFIX = 24
+
+
+class ExactRefused(ValueError):
+    """Exact mode measured not exact on this model: the message gives the difference and where."""
+
+
+@dataclass(frozen=True)
+class Invariance:
+    rows: dict[int, float]  # rows in the batch -> largest |logit| difference of row 0 from it alone
+    widths: dict[int, float]  # window width -> largest difference of a token in it from it alone
+    layer: str | None  # the first module whose output differed (None: bitwise everywhere)
+    seconds: float
+
+    @property
+    def exact(self) -> bool:
+        return not any(self.rows.values()) and not any(self.widths.values())
+
+    def __str__(self) -> str:
+        rows = ", ".join(f"{n} rows {d:.2g}" for n, d in self.rows.items())
+        widths = ", ".join(f"width {k} {d:.2g}" for k, d in self.widths.items())
+        return f"max logit difference: {rows}; {widths}" + (f"; first differing layer: {self.layer}" if self.layer else "")
+
+
+def invariance(lm, exact: bool = True) -> Invariance:
+    """Row 0's logits beside 1 and 2 other rows, and a token alone vs at every offset of 4-, 16-
+    and 32-token windows, after a shared prefix (``engine.tools.gpu_check`` reports the same on a
+    GPU). ``lm`` is a ``LoadedModel``; its current run's settings are kept."""
+    t0 = time.perf_counter()
+    saved = lm.exact, lm.compiled, lm.compile_why
+    lm.exact, lm.compiled = exact, None
+    try:
+        vocab = lm.model.get_output_embeddings().weight.shape[0]
+        switch = lm.rope.switch if lm.rope.kind else None  # stay below it: past it RoPE itself depends on width
+        start = min(PREFIX, switch - max(WIDTHS)) if switch else PREFIX
+        ids = [(7919 * i + 13) % vocab for i in range(start + max(WIDTHS))]
+        prefix, window = ids[:start], ids[start:]
+        others = [[(t * 7 + 3) % vocab for t in window[:6]], [(t * 13 + 1) % vocab for t in window[:6]]]
+        alone = _beside(lm, prefix, [window[:6]])[0]
+        rows = {n: _max_diff(_beside(lm, prefix, [window[:6], *others[: n - 1]])[0], alone) for n in ROWS}
+        one_by_one = _one_by_one(lm, prefix, window)  # [max width, V]: each token alone after the ones before
+        widths = {k: _max_diff(_beside(lm, prefix, [window[:k]])[0], one_by_one[:k]) for k in WIDTHS}
+        layer = None
+        if any(rows.values()):
+            layer = _first_difference(lm, (prefix, [window[:6], *others[: max(ROWS) - 1]], slice(None)),
+                                      (prefix, [window[:6]], slice(None)))
+        elif any(widths.values()):
+            k = next(k for k in WIDTHS if widths[k])
+            j = int(((_beside(lm, prefix, [window[:k]])[0] - one_by_one[:k]).abs().amax(-1) > 0).nonzero()[0])
+            layer = _first_difference(lm, (prefix, [window[:k]], slice(j, j + 1)),
+                                      (prefix + window[:j], [window[j : j + 1]], slice(0, 1)))
+        return Invariance(rows, widths, layer, time.perf_counter() - t0)
+    finally:
+        lm.exact, lm.compiled, lm.compile_why = saved
+
+
+def _beside(lm, prefix: list[int], rows: list[list[int]]) -> torch.Tensor:
+    """Logits ``[rows, T, V]`` of ``rows`` fed together after a shared ``prefix``."""
+    return lm.forward(torch.tensor(rows, device=lm.device), _prefilled(lm, prefix, len(rows)), len(prefix))
+
+
+def _prefilled(lm, prefix: list[int], rows: int):
+    from engine.runtime.cache import take_rows
+
+    cache = lm.new_cache(len(prefix) + max(WIDTHS) + 4, rows=rows)
+    lm.step_logits(prefix, cache, 0)
+    take_rows(cache, [0] * rows)
+    return cache
+
+
+def _one_by_one(lm, prefix: list[int], tokens: list[int]) -> torch.Tensor:
+    cache = lm.new_cache(len(prefix) + len(tokens) + 4)
+    lm.step_logits(prefix, cache, 0)
+    return torch.stack([lm.step_logits([t], cache, len(prefix) + j)[0] for j, t in enumerate(tokens)])
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max())
+
+
+def _first_difference(lm, wide: tuple, narrow: tuple) -> str | None:
+    """The first module (in the order modules finish) whose output for row 0 differs between two
+    feeds, each ``(prefix, rows, positions compared)``."""
+    names = {m: n for n, m in lm.model.named_modules() if n}
+    seen: list[tuple[list[str], dict[str, torch.Tensor]]] = []
+    for prefix, rows, at in (wide, narrow):
+        order, store = [], {}
+
+        def hook(module, args, out, order=order, store=store, at=at):
+            out = out[0] if isinstance(out, tuple) else out
+            name = names[module]
+            if isinstance(out, torch.Tensor) and out.dim() >= 3 and name not in store:
+                store[name] = out[0, at].detach().clone()
+                order.append(name)
+
+        cache = _prefilled(lm, prefix, len(rows))
+        handles = [m.register_forward_hook(hook) for m in names]
+        try:
+            lm.forward(torch.tensor(rows, device=lm.device), cache, len(prefix))
+        finally:
+            for h in handles:
+                h.remove()
+        seen.append((order, store))
+    (order, first), (_, second) = seen
+    for name in order:
+        if name in second and first[name].shape == second[name].shape and not torch.equal(first[name], second[name]):
+            return name
+    return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import torch
 from engine.presets import BUNDLED, BUNDLED_DIR, PRESETS, Preset
 from engine.runtime.cache import Checkpoint, crop, layout, new_cache, restore, seq_length, take_rows
 from engine.runtime.compiled import BUCKETS, CompiledSteps, bucket, compile_reason
-from engine.runtime.exact import exact_forwards
+from engine.runtime.exact import ExactRefused, Invariance, exact_forwards, invariance
 from engine.runtime.rope import rope_of
 
 
@@ -30,6 +31,15 @@ class ModelLoadError(RuntimeError):
 
 class SSRUnsupportedError(ValueError):
     """The model has no end-of-thinking marker, so SSR cannot fork a draft answer."""
+
+
+@dataclass(frozen=True)
+class Compiling:
+    """How far preparing a run's step shapes has got: ``done`` of ``total`` compiled, in ``seconds``."""
+
+    done: int
+    total: int
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -107,6 +117,10 @@ class LoadedModel:
         self._fixed: dict[tuple[int, int, str], object] = {}  # fixed caches by (capacity, rows, role), reused
         self.layout = layout(model.config)  # which cache kinds: sliding windows, recurrent states
         self.rope = rope_of(model)  # position-scaled RoPE, if any
+        # set by the capability probe (engine.runtime.probe): this model's multi-token forwards after a
+        # cached state are wrong, so they run as one-token forwards
+        self.one_token_steps = False
+        self._exact_check: Invariance | None = None  # exact mode's self-check on this model, once measured
 
     # ------------------------------------------------------------------ prompts
     def prompt_ids(self, user_text: str) -> list[int]:
@@ -159,11 +173,24 @@ class LoadedModel:
         ``compile`` (auto / on / off) runs its steps compiled where that can work
         (``engine.runtime.compiled``; :attr:`compile_why` says why not)."""
         self.rope.begin_run(self.model)
+        if exact:
+            self.check_exact()
         self.exact = exact
         self.compile_why = compile_reason(compile, self.device, self.layout.recurrent, exact)
         if self.compile_why is None and self._steps is None:
             self._steps = CompiledSteps(self.model, cuda_graphs=self.device.type == "cuda")
         self.compiled = self._steps if self.compile_why is None else None
+
+    def check_exact(self) -> Invariance:
+        """Exact mode's self-check, run on this model before its first exact run and kept: row 0
+        beside other rows and a token inside wider forwards, bitwise against the same token alone.
+        :class:`ExactRefused` gives the measured difference and the first layer it appears in."""
+        if self._exact_check is None:
+            self._exact_check = invariance(self)
+        if not self._exact_check.exact:
+            raise ExactRefused(f"exact mode is refused on {self.model_id}: measured on this model, it is not "
+                               f"batch- and width-invariant ({self._exact_check}); run without exact mode")
+        return self._exact_check
 
     @property
     def step_mode(self) -> str:
@@ -203,21 +230,25 @@ class LoadedModel:
         shapes = [(1, w) for w in BUCKETS] + [(r, w) for r in range(2, rows + 1) for w in BUCKETS if w <= bucket(row_width)]
         return [(r, w) for r, w in shapes if (r, w, capacity) not in self.compiled.shapes]
 
-    def compile_for(self, capacity: int, rows: int = 1, row_width: int = 1) -> float:
-        """Compile, before a run starts, :meth:`shapes_to_compile`; the seconds spent."""
+    def prepare_steps(self, capacity: int, rows: int = 1, row_width: int = 1) -> Iterator[Compiling]:
+        """Compile, before a run starts, every step shape it can meet (:meth:`shapes_to_compile`),
+        saying how far it got: once before the first shape, then after each. Nothing is yielded
+        when every shape is ready (or the steps run eagerly)."""
         shapes = self.shapes_to_compile(capacity, rows, row_width)
         if not shapes:
-            return 0.0
+            return
         before = self.compile_seconds
+        yield Compiling(0, len(shapes), 0.0)
         ready = self.new_cache(capacity, rows)
         take_rows(ready, [0] * rows)  # one eager forward over every row makes the buffers
         self.forward(torch.zeros(rows, 1, dtype=torch.long, device=self.device), ready, 0)
-        for r, w in shapes:
+        for done, (r, w) in enumerate(shapes, 1):
             cache = self.new_cache(capacity, rows)
             take_rows(cache, [0] * r)
             self.forward(torch.zeros(r, w, dtype=torch.long, device=self.device), cache, 0)
-        self.new_cache(capacity, rows)  # leave it empty
-        return self.compile_seconds - before
+            if done == len(shapes):
+                self.new_cache(capacity, rows)  # leave it empty
+            yield Compiling(done, len(shapes), self.compile_seconds - before)
 
     def rewind(self, cache, ckpt: Checkpoint, kept: list[int]) -> None:
         """Roll ``cache`` back to ``ckpt.length + len(kept)`` tokens, ``kept`` being the tokens fed
@@ -246,11 +277,19 @@ class LoadedModel:
             positions = torch.arange(start, start + t, device=self.device).expand(b, t)
         assert cache.get_seq_length() == start, f"cache holds {cache.get_seq_length()} tokens, expected {start}"
         input_ids = input_ids.to(self.device)
+        # one token a forward: where the probe found multi-token forwards ignore the state, and in exact mode
+        # on recurrent layers (their chunked kernels' chunks follow the forward's width)
+        if t > 1 and (self.one_token_steps and start > 0 or self.exact and self.layout.recurrent):
+            return torch.cat([self.forward(input_ids[:, j : j + 1], cache, start + j, positions[:, j : j + 1],
+                                           None if attention_mask is None else attention_mask[:, : start + j + 1])
+                              for j in range(t)], dim=1)
         if getattr(cache, "fixed", False):
             return self._fixed_step(input_ids, cache, start, positions, attention_mask)
         with self.forwards():
             out = self.model(input_ids=input_ids, cache=cache, position_ids=positions,
                              attention_mask=attention_mask, use_cache=True, logits_to_keep=t)
+        if getattr(cache, "counts_tokens", False):
+            cache.fed += t
         return out.logits
 
     def _fixed_step(self, ids, cache, start: int, positions, attention_mask) -> torch.Tensor:

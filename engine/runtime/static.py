@@ -200,6 +200,12 @@ class SlotCache(Cache):
         super().__init__(layers=[_slot(layer, capacity, rows, fixed, self.cursor)
                                  for layer in DynamicCache(config=config).layers])
         self.capacity, self.fixed = capacity, fixed
+        # a cache with no attention layer at all (Mamba) has no layer that counts tokens: it does here
+        self.counts_tokens = not any(isinstance(layer, CacheLayerMixin) for layer in self.layers)
+        self.fed = 0
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.fed if self.counts_tokens else super().get_seq_length(layer_idx)
 
     @property
     def slot_layers(self) -> list[SlotLayer]:
@@ -214,6 +220,7 @@ class SlotCache(Cache):
         """Every slot layer holds ``length`` slots (a rollback: nothing moves but the count)."""
         for layer in self.slot_layers:
             layer.length = length
+        self.fed = length
         if self.cursor.tensor is not None:
             self.cursor.tensor.fill_(length)
 

@@ -72,7 +72,8 @@ def run_one(models: dict, method: str, prompt: dict, cfg: RunConfig, repeat: int
     meta = RunMeta(method, lm.model_id, prompt["prompt"], cfg.to_dict(), prompt_id=prompt["id"],
                    draft_model=models["draft"].model_id if rsd and method != "target" else None,
                    prm=models["prm_name"] if method == "rsd" else None,
-                   reference=prompt.get("reference"), origin="bench", device=getattr(lm, "backend", str(lm.device)))
+                   reference=prompt.get("reference"), origin="bench", device=getattr(lm, "backend", str(lm.device)),
+                   dtype=lm.dtype, think_end=lm.tokenizer.decode([lm.markers.close_id]) if lm.markers else None)
     stream = decode(prompt["prompt"], cfg)
     events = list(log.record(stream, meta) if log else stream)
     done: DoneEvent = events[-1]

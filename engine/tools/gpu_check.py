@@ -51,6 +51,7 @@ from engine.presets import BUNDLED_DIR, recommended_settings
 from engine.registry import decoder
 from engine.runtime.cache import crop, take_rows
 from engine.runtime.compiled import COMPILE_MODES
+from engine.runtime.exact import invariance as exact_invariance
 from engine.runtime.model import (
     LoadedModel,
     load_model,
@@ -110,7 +111,8 @@ def speed(lm: LoadedModel, prompts: list[str], tokens: int, bandwidth_gbs: float
     ratios = [s.step_s_drafting / s.step_s_alone for s in ssr if s.step_s_drafting and s.step_s_alone]
     ids = lm.prompt_ids(" ".join(PROMPTS))[:64]
     lm.begin_run(compile=compile)
-    lm.compile_for(128, rows=2)
+    for _ in lm.prepare_steps(128, rows=2):
+        pass
     caches = {rows: lm.new_cache(128, rows, role=f"{rows} rows") for rows in (1, 2)}
     for rows, cache in caches.items():
         lm.step_logits(ids[:32], cache, 0)
@@ -176,19 +178,10 @@ def logits_beside(lm: LoadedModel, rows: list[list[int]], prefix: list[int], exa
 
 
 def invariance(lm: LoadedModel, exact: bool) -> dict:
-    """Largest logit difference of the same token across row counts and window widths."""
-    ids = lm.prompt_ids(" ".join(PROMPTS))
-    prefix, mine = ids[:24], ids[24:30]
-    alone = logits_beside(lm, [mine], prefix, exact)[0]
-    others = [[(t * 7 + 3) % len(lm.tokenizer) for t in mine], [(t * 13 + 1) % len(lm.tokenizer) for t in mine]]
-    rows = {n + 1: float((logits_beside(lm, [mine, *others[:n]], prefix, exact)[0] - alone).abs().max()) for n in (1, 2)}
-    width = {}
-    for k in (4, 16, 32):
-        window = ids[24 : 24 + k]
-        together = logits_beside(lm, [window], prefix, exact)[0]
-        width[k] = max(float((together[j] - logits_beside(lm, [window[j : j + 1]], prefix + window[:j], exact)[0, 0])
-                             .abs().max()) for j in range(k))
-    return {"rows_max_abs_diff": rows, "width_max_abs_diff": width}
+    """Largest logit difference of the same token across row counts and window widths: exact
+    mode's own self-check (``engine.runtime.exact.invariance``), with the layer it first appears in."""
+    inv = exact_invariance(lm, exact)
+    return {"rows_max_abs_diff": inv.rows, "width_max_abs_diff": inv.widths, "first_differing_layer": inv.layer}
 
 
 def agreements(lm: LoadedModel, prompts: list[str], tokens: int, exact: bool) -> dict:

@@ -27,12 +27,12 @@ from engine.events import Event, StepEvent
 from engine.methods.recorder import Recorder
 from engine.methods.rsd.roles import PLANS, RSD_METHODS, UNJUDGED, Judge, Verdict, cast
 from engine.methods.rsd.writer import LocalWriter, Step, StepWriter, WriterFactory
+from engine.methods.seams import ModelBackend
 from engine.runtime.cache import cache_mb
 from engine.runtime.cached import CachedModel
-from engine.runtime.model import LoadedModel
 
 
-def check_pair(target: LoadedModel, draft: LoadedModel) -> None:
+def check_pair(target: ModelBackend, draft: ModelBackend) -> None:
     """Draft and target must share a tokenizer: same vocabulary, same ids."""
     if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
         raise ValueError(f"draft model {draft.model_id} and target model {target.model_id} do not share a "
@@ -59,7 +59,8 @@ def decode_rsd(target, draft, scorer, prompt: str, cfg: RunConfig, mode: str = "
     for name in plan.models:
         models[name].check_fits(len(prompt_ids), cfg.max_tokens)
         models[name].begin_run(cfg.exact, cfg.compile)
-        yield from rec.compile_steps(models[name], capacity)  # before the clock starts (the target's step mode is reported)
+        yield from rec.compiling(models[name].prepare_steps(capacity))  # before the clock starts
+    rec.start_clock(target.step_mode)
     writers = {name: writer(models[name], cfg, capacity, name) for name in ("target", "draft") if name in plan.models}
     roles = cast(plan, writers, scorer, cfg, prompt)
     close_id = target.markers.close_id if target.markers else None

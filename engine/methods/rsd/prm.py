@@ -22,8 +22,8 @@ from typing import Protocol
 
 import torch
 
+from engine.methods.seams import StepModel
 from engine.runtime.cached import CachedModel
-from engine.runtime.model import LoadedModel, load_model
 
 STEP_TAG = "ки"
 
@@ -84,7 +84,7 @@ class MathShepherdScorer:
 
     name = "math-shepherd"
 
-    def __init__(self, lm: LoadedModel) -> None:
+    def __init__(self, lm: StepModel) -> None:
         self.format = MathShepherdFormat(lm.tokenizer, lm.model_id)
         self.plus = single_token(lm.tokenizer, "+", lm.model_id, allow_prefix=True)
         self.minus = single_token(lm.tokenizer, "-", lm.model_id, allow_prefix=True)
@@ -195,18 +195,3 @@ def single_token(tokenizer, text: str, model_id: str, allow_prefix: bool = False
             return ids[-1]
         raise ValueError(f"{model_id} does not fit the {text!r} step format: {text!r} is not a single token")
     return ids[0]
-
-
-
-
-def make_scorer(spec: str | None, device: str | None = None, trust_remote_code: bool = False):
-    """A scorer from a PRM name: "target-likelihood" (resolved when a run's roles are cast,
-    ``engine.methods.rsd.roles.cast``: it reads the target's step writer), a Qwen2.5-Math-PRM id,
-    or any model in the math-shepherd format (the bundled ``tiny-prm`` by default). ValueError
-    when the model fits no format."""
-    spec = spec or "tiny-prm"
-    if spec == "target-likelihood":
-        return spec
-    if "qwen2.5-math-prm" in spec.lower():
-        return QwenMathPRMScorer(spec, trust_remote_code, device)
-    return MathShepherdScorer(load_model(spec, device=device))

@@ -21,8 +21,9 @@ import torch
 
 from engine.config import RunConfig
 from engine.methods.sampling import Chooser
+from engine.methods.seams import StepModel
 from engine.runtime.cached import CachedModel
-from engine.runtime.model import LoadedModel
+from engine.runtime.probe import require
 
 STEP_DELIMITER = "\n\n"
 
@@ -97,10 +98,11 @@ class LocalWriter:
     """An in-process model writing RSD's steps: its cache (:class:`CachedModel`) and its choices.
     Fits :class:`StepWriter` and :data:`WriterFactory`."""
 
-    def __init__(self, lm: LoadedModel, cfg: RunConfig, capacity: int, role: str) -> None:
-        if not isinstance(lm, LoadedModel):  # say so here, not as a failed forward mid-run
+    def __init__(self, lm: StepModel, cfg: RunConfig, capacity: int, role: str) -> None:
+        if not isinstance(lm, StepModel):  # say so here, not as a failed forward mid-run
             raise TypeError(f"the {role} {getattr(lm, 'model_id', lm)!r} is not an in-process model: run it through "
                             "engine.registry.decoder, which gives each model its writer (or pass decode_rsd a writer)")
+        require(lm, f"RSD (its {role})")  # its steps are rolled back: measured before the run, else refused
         self.model = CachedModel(lm, capacity, role=role)
         self.chooser = Chooser(cfg.temperature, cfg.top_p, cfg.seed)
 

@@ -49,15 +49,16 @@ from engine.events import Event
 from engine.methods.budget import ThinkBudget
 from engine.methods.recorder import Recorder
 from engine.methods.sampling import Chooser
-from engine.methods.ssr.proposers import Draft, DraftPrefixProposer, SuffixProposer
+from engine.methods.seams import StepModel
+from engine.methods.ssr.proposers import Draft, DraftPrefixProposer, Proposer, SuffixProposer
 from engine.methods.ssr.rows import Row, RowStep
 from engine.methods.ssr.suffix_index import SuffixIndex
 from engine.runtime.batch import RowBatch
 from engine.runtime.cache import cache_mb, checkpoint
-from engine.runtime.model import LoadedModel
+from engine.runtime.probe import require
 
 
-def decode_ssr(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
+def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     """Yield the events of an SSR run of ``prompt`` (the user message, templated here)."""
     markers = lm.require_markers()
     cfg.check_ssr()
@@ -66,11 +67,15 @@ def decode_ssr(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     new_tokens = len(markers.close_ids) + max(cfg.max_think + cfg.max_answer, last_fork + cfg.max_draft)
     lm.check_fits(len(prompt_ids), new_tokens)
     lm.rope.check_speculation(len(prompt_ids) + new_tokens, lm.model_id)
+    caps = require(lm, "SSR")  # measured on this model once: refused here, never a crash or divergence mid-run
     lm.begin_run(cfg.exact, cfg.compile)
     capacity = len(prompt_ids) + new_tokens + max(cfg.max_spec, cfg.think_spec) + 1  # room for a verify past the end
     rec = Recorder(lm.tokenizer, "ssr", len(prompt_ids), lm.device)
     # before the clock starts: every shape (rows x width) the run can meet
-    yield from rec.compile_steps(lm, capacity, 1 + cfg.num_drafts, max(cfg.think_spec, len(markers.close_ids)) + 1)
+    yield from rec.compiling(lm.prepare_steps(capacity, 1 + cfg.num_drafts,
+                                              max(cfg.think_spec, len(markers.close_ids)) + 1))
+    rec.start_clock(lm.step_mode)
+    rec.stats.verify = caps.verify
     index = SuffixIndex(cfg.min_match)
     index.extend("prompt", prompt_ids)
     state = _State(lm, cfg, rec, index, Chooser(cfg.temperature, cfg.top_p, cfg.seed),
@@ -79,12 +84,13 @@ def decode_ssr(lm: LoadedModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     yield rec.phase("prefill")
     if len(prompt_ids) > 1:  # the last prompt token is the main row's first input in phase A
         lm.step_logits(prompt_ids[:-1], state.cache, 0)
-        rec.forward()
+        rec.forward(tokens=len(prompt_ids) - 1)
     state.length = len(prompt_ids) - 1
     yield from _reason_and_draft(state, budget, prompt_ids[-1])
     if not state.ended:
         yield from answer_by_verification(state, budget)
     rec.stats.cache_mb = cache_mb(state.cache)
+    rec.stats.flops = rec.stats.target_flops = 2.0 * lm.num_parameters * rec.stats.target_tokens
     yield rec.phase("done")
     yield rec.done()
 
@@ -129,7 +135,7 @@ class _State:
         fed = self.unfed + proposed
         ckpt = checkpoint(self.cache, self.length)
         logits = self.lm.step_logits(fed, self.cache, self.length)[len(self.unfed) - 1 :]  # [k + 1, V]
-        self.rec.forward()
+        self.rec.forward(tokens=len(fed))
         accepted, nxt = self.main.verify(logits, proposed, probs)
         self.lm.rewind(self.cache, ckpt, fed[: len(self.unfed) + accepted])
         self.length += len(self.unfed) + accepted
@@ -170,7 +176,7 @@ def _reason_and_draft(s: _State, budget: ThinkBudget, first_input: int) -> Itera
             row.feed(room if row.is_main else min(spec, cfg.max_draft - len(row.context) - 1), one_token=spec == 0)
         # 3. forward: one over every row
         logits = batch.forward([row.fed for row in rows])  # [rows, K, V]
-        rec.forward()
+        rec.forward(tokens=logits.shape[0] * logits.shape[1])  # padding included: it is computed
         # 4. verify and take: each row verifies its proposal; the batch keeps what each row took
         steps = [row.take(logits[r]) for r, row in enumerate(rows)]  # logits[r]: [K, V]
         batch.keep([step.kept for step in steps])
@@ -268,7 +274,7 @@ def answer_by_verification(s: SSRState, budget: ThinkBudget) -> Iterator[Event]:
     s.answer = list(budget.forced)
     s.index.extend("answer", s.answer)
     yield from budget.open_answer(rec)
-    proposers = [DraftPrefixProposer(s.drafts[-1] if s.drafts else None)]
+    proposers: list[Proposer] = [DraftPrefixProposer(s.drafts[-1] if s.drafts else None)]
     if cfg.suffix_recovery and s.drafts:
         proposers.append(SuffixProposer(s.index, [d.name for d in reversed(s.drafts)], stop, cfg.spec_factor))
     if cfg.context_lookup:

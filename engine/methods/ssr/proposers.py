@@ -1,7 +1,7 @@
 """Proposers: where SSR's answer phase gets the tokens it verifies.
 
-All share one small interface, ``propose(answer, max_tokens) -> Proposal | None`` and
-``observe(proposal, accepted)``; the answer loop asks them in order and verifies the first
+All share one small interface, :class:`Proposer`: ``propose(answer, max_tokens) -> Proposal | None``
+and ``observe(proposal, accepted)``; the answer loop asks them in order and verifies the first
 proposal it gets.
 
 * :class:`DraftPrefixProposer`: the newest draft, read from where the answer is, for as long as
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -48,6 +49,18 @@ class Proposal:
     start: int  # index in the source of tokens[0]
     match_len: int | None = None
     probs: torch.Tensor | None = None  # [k, V] draft distributions; None = deterministic proposal
+
+
+class Proposer(Protocol):
+    """Where the answer loop gets tokens to verify: asked in order, the first proposal is verified."""
+
+    def propose(self, answer: list[int], max_tokens: int) -> Proposal | None:
+        """Up to ``max_tokens`` tokens to follow ``answer``, or None when it has nothing to offer."""
+        ...
+
+    def observe(self, proposal: Proposal, accepted: int) -> None:
+        """How many of ``proposal``'s tokens the verifier accepted (a proposer may stop or move on)."""
+        ...
 
 
 class DraftPrefixProposer:

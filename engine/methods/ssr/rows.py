@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.methods.sampling import Chooser
-from engine.methods.ssr.proposers import Draft, Proposal, SuffixProposer
+from engine.methods.ssr.proposers import Draft, Proposal, Proposer
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Row:
 
     unfed: list[int]
     context: list[int]  # a live view: the stream grows as the loop records what the row took
-    lookup: SuffixProposer
+    lookup: Proposer
     chooser: Chooser
     draft: Draft | None = None
     fed: list[int] = field(default_factory=list)  # this step's feed: unfed tokens, then the proposal

@@ -1,0 +1,242 @@
+"""Capability probes: what SSR relies on, measured on the loaded model itself.
+
+SSR verifies several tokens in one forward after a cached state, rolls a row back and re-feeds
+it, forks rows and (where the cache allows) leaves holes in a row that only its mask hides. A
+list of layer classes cannot promise those hold: Jamba's Mamba layers run any multi-token forward
+from a zero state, DeepSeek-V3.2's indexer keeps a cache of its own that a rollback does not
+crop. So before the first SSR run on a model, :func:`capabilities` measures each against a
+one-token reference on the model as loaded, with a sequence long enough to cross every threshold
+its config names (a sliding window, a chunk size, an indexer's top-k):
+
+* **multi-token**: a k-token forward after a cached prefix equals k one-token forwards. If not,
+  the model's later forwards run one token at a time (``LoadedModel.one_token_steps``: the
+  model's public forward, once per token; plain decoding's prompt prefill, from an empty state,
+  is unaffected) and the remaining checks run on that route.
+* **rollback**: fed tokens rolled back (and some of them re-fed) leave the state as if they had
+  never been fed.
+* **fork**: a forked row equals its source, beside a row fed something else.
+* **holes** (caches that allow them, ``CacheLayout.holes_ok``): slots a row rejected, hidden by
+  its mask, change nothing; compacting them away changes nothing.
+
+A check passes when the largest logit difference is within ``sqrt(eps)`` of the logits' scale for
+the model's dtype (float32's at the finest): rounding grows with ``eps``, a lost state with the
+logits themselves. A check
+that raises fails with the error. A failed rollback, fork or holes check refuses SSR before the
+run (:meth:`Capabilities.ssr_refusal`), with what was measured; never a crash mid-run or a silent
+divergence. Results are kept per model object and route (they depend on the weights' dtype, the
+device and the library versions, all fixed for a loaded model).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.runtime.batch import RowBatch
+from engine.runtime.cache import checkpoint
+from engine.runtime.model import LoadedModel, SSRUnsupportedError
+
+
+class MethodRefused(SSRUnsupportedError):
+    """A method the capability probe found this model cannot run exactly (the message says what
+    was measured). An ``SSRUnsupportedError``, so every place that reports SSR's refusals reports it."""
+
+
+STEPS = 6  # tokens fed after the prefix in each check
+THRESHOLD_KEYS = ("sliding_window", "chunk_size", "mamba_chunk_size", "linear_chunk_size", "block_size",
+                  "index_topk", "attention_chunk_size")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    diff: float | None = None  # largest |logit| difference from the one-token reference (None: it raised)
+    error: str | None = None
+
+    def __str__(self) -> str:
+        if self.error:
+            return f"{self.name}: raised {self.error}"
+        return f"{self.name}: max logit difference {self.diff:.3g}" + ("" if self.ok else " (beyond rounding)")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    checks: tuple[Check, ...]
+    one_token_steps: bool  # multi-token forwards after a cached state run one token at a time
+    tokens: int  # the prefix length the checks ran at
+    tolerance: float
+    seconds: float
+
+    def check(self, name: str) -> Check | None:
+        return next((c for c in self.checks if c.name == name), None)
+
+    @property
+    def verify(self) -> str:
+        """How SSR's verifies run on this model, for the run's stats and the strip."""
+        if not self.one_token_steps:
+            return "k tokens per forward"
+        return f"one token per step: this model's multi-token forward ignores its state ({self.check('multi-token')})"
+
+    def failed(self, rollbacks: bool = True) -> list[Check]:
+        """The failed checks a method depends on. Plain decoding (``rollbacks`` false) needs
+        one-token decoding and, where the probe chose them, one-token steps; SSR and RSD, which
+        roll rows back and fork them, need every check but the multi-token one."""
+        plain = ("one-token decoding", "one-token steps")
+        return [c for c in self.checks if not c.ok and c.name != "multi-token" and (rollbacks or c.name in plain)]
+
+    def refusal(self, method: str, model_id: str, rollbacks: bool = True) -> str | None:
+        """Why ``method`` cannot run exactly on this model, as measured, or None."""
+        failed = self.failed(rollbacks)
+        if not failed:
+            return None
+        still = " (plain decoding still works)" if rollbacks and not self.failed(False) else ""
+        return (f"{method} is refused on {model_id}: the capability probe at {self.tokens} tokens found "
+                + "; ".join(map(str, failed)) + still)
+
+
+def require(lm: LoadedModel, method: str, rollbacks: bool = True) -> Capabilities:
+    """The model's probed capabilities; ``MethodRefused`` (a ValueError) naming what was measured
+    when ``method`` cannot run exactly on it."""
+    caps = capabilities(lm)
+    why = caps.refusal(method, lm.model_id, rollbacks)
+    if why:
+        raise MethodRefused(why)
+    return caps
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Relative logit difference still counted as rounding: ``sqrt(eps)`` of the dtype, and never
+    finer than float32's (models compute parts such as MoE routers in float32 whatever their dtype)."""
+    return max(float(torch.finfo(dtype).eps), float(torch.finfo(torch.float32).eps)) ** 0.5
+
+
+def probe_length(config, context: int | None) -> int:
+    """A prefix long enough to cross every threshold the config names, within the context."""
+    config = config.get_text_config(decoder=True)
+    found = [getattr(config, k, None) for k in THRESHOLD_KEYS]
+    longest = max((v for v in found if isinstance(v, int) and v > 0), default=0)
+    length = max(24, min(longest, 512) + 8)
+    return min(length, context - 3 * STEPS) if context else length
+
+
+def capabilities(lm: LoadedModel) -> Capabilities:
+    """The probe's result for ``lm`` (measured once per model object, then kept)."""
+    caps = getattr(lm, "_capabilities", None)
+    if caps is None:
+        caps = lm._capabilities = _measure(lm)
+    return caps
+
+
+def _measure(lm: LoadedModel) -> Capabilities:
+    """The checks, on the eager route with exact mode off; the run being set up (if any) gets its
+    own settings back after."""
+    saved = lm.exact, lm.compiled, lm.compile_why
+    lm.begin_run()
+    try:
+        return _checks(lm)
+    finally:
+        lm.exact, lm.compiled, lm.compile_why = saved
+        lm.rope.begin_run(lm.model)  # position-dependent RoPE state back to a fresh run's
+
+
+def _checks(lm: LoadedModel) -> Capabilities:
+    t0 = time.perf_counter()
+    lm.one_token_steps = False
+    length = probe_length(lm.model.config, lm.context_length)
+    vocab = lm.model.get_output_embeddings().weight.shape[0]
+    ids = [(7919 * i + 13) % vocab for i in range(length + 3 * STEPS)]
+    prefix, true, junk = ids[:length], ids[length : length + STEPS], ids[length + STEPS :]
+    tol = tolerance(next(lm.model.parameters()).dtype)
+    try:
+        ref = _reference(lm, prefix, true)
+    except Exception as err:  # noqa: BLE001 (any failure is the finding: plain decoding cannot run)
+        broken = Check("one-token decoding", False, error=_short(err))
+        return Capabilities((broken,), False, length, tol, time.perf_counter() - t0)
+    scale = max(1.0, float(ref.abs().max()))
+
+    def measured(name: str, fn) -> Check:
+        try:
+            diff = float(fn())
+        except Exception as err:  # noqa: BLE001 (a probe that raises has found what SSR would meet mid-run)
+            return Check(name, False, error=_short(err))
+        return Check(name, diff <= tol * scale, diff)
+
+    checks = [measured("multi-token", lambda: _multi_token(lm, prefix, true, ref))]
+    lm.one_token_steps = not checks[0].ok
+    if lm.one_token_steps:  # the route the checks below (and every later run) take: retried on it
+        checks.append(measured("one-token steps", lambda: _multi_token(lm, prefix, true, ref)))
+    checks.append(measured("rollback", lambda: _rollback(lm, prefix, true, junk, ref)))
+    checks.append(measured("fork", lambda: _fork(lm, prefix, true, junk, ref)))
+    if lm.layout.holes_ok:
+        checks.append(measured("holes", lambda: _holes(lm, prefix, true, junk, ref)))
+    return Capabilities(tuple(checks), lm.one_token_steps, length, tol, time.perf_counter() - t0)
+
+
+def _short(err: Exception) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0][:160]}" if str(err) else type(err).__name__
+
+
+def _prefilled(lm: LoadedModel, prefix: list[int]):
+    cache = lm.new_cache(len(prefix) + 4 * STEPS, rows=2)
+    lm.step_logits(prefix, cache, 0)  # from an empty state: what plain decoding's prefill does
+    return cache
+
+
+def _reference(lm: LoadedModel, prefix: list[int], true: list[int]) -> torch.Tensor:
+    """Logits ``[STEPS, V]`` after the prefix and each true token, fed one token a forward."""
+    cache = _prefilled(lm, prefix)
+    return torch.stack([lm.step_logits([t], cache, len(prefix) + j)[0] for j, t in enumerate(true)]).double()
+
+
+def _diff(logits: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((logits.double() - ref).abs().max())
+
+
+def _multi_token(lm, prefix, true, ref) -> float:
+    cache = _prefilled(lm, prefix)
+    return _diff(lm.step_logits(true, cache, len(prefix)), ref)
+
+
+def _rollback(lm, prefix, true, junk, ref) -> float:
+    """Junk fed and rolled back, then the true tokens; then two true tokens kept of a mixed feed."""
+    n = len(prefix)
+    cache = _prefilled(lm, prefix)
+    mark = checkpoint(cache, n)
+    lm.step_logits(junk, cache, n)
+    lm.rewind(cache, mark, [])
+    first = _diff(lm.step_logits(true, cache, n), ref)
+    cache = _prefilled(lm, prefix)
+    mark = checkpoint(cache, n)
+    lm.step_logits(true[:2] + junk[:3], cache, n)
+    lm.rewind(cache, mark, true[:2])
+    return max(first, _diff(lm.step_logits(true[2:], cache, n + 2), ref[2:]))
+
+
+def _fork(lm, prefix, true, junk, ref) -> float:
+    """Row 0 forked; both rows fed the true token, then row 1 something else; row 0 alone after."""
+    batch = RowBatch(lm, _prefilled(lm, prefix), len(prefix))
+    batch.fork()
+    out = [batch.forward([[true[0]], [true[0]]])[:, 0]]
+    batch.keep([1, 1])
+    diffs = [_diff(out[0][0], ref[0]), _diff(out[0][1], ref[0])]
+    diffs.append(_diff(batch.forward([[true[1]], [junk[0]]])[0, 0], ref[1]))
+    batch.keep([1, 1])
+    batch.select([0])
+    diffs.append(_diff(batch.forward([[true[2]]])[0, 0], ref[2]))
+    return max(diffs)
+
+
+def _holes(lm, prefix, true, junk, ref) -> float:
+    """Row 1 keeps three tokens where row 0 keeps one (two holes in row 0), then row 0 alone."""
+    batch = RowBatch(lm, _prefilled(lm, prefix), len(prefix))
+    batch.fork()
+    diffs = [_diff(batch.forward([[true[0]], [true[0], junk[0], junk[1]]])[0, 0], ref[0])]
+    batch.keep([1, 3])
+    diffs.append(_diff(batch.forward([[true[1]], [junk[2]]])[0, 0], ref[1]))
+    batch.keep([1, 1])
+    batch.select([0])  # row 0's holes compacted away
+    diffs.append(_diff(batch.forward([[true[2]]])[0, 0], ref[2]))
+    return max(diffs)

@@ -1,0 +1,200 @@
+"""Issue 22, "numbers you can trust": findings 2 (vs baseline compares like with like), 3 (a
+stopped run gets no verdict), 8 (inputs that lie) and 10 (replays and exports as the live view).
+Each test failed on the code before the fix; plain handlers on tiny models, no server."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from engine.config import MAX_SEED, MAX_TEMPERATURE, RunConfig
+from engine.runlog import RunMeta
+from engine.runlog.compare import match_key, matching_baselines
+from ssr_ui import charts
+from ssr_ui.handlers import Studio
+from tests.tiny import make_model
+
+SMALL = dict(draft_start=2, max_think=10, max_draft=8, max_answer=10)
+
+
+@pytest.fixture
+def studio(tmp_path):
+    from engine.methods.rsd.prm import MathShepherdScorer
+
+    s = Studio("tiny", db=str(tmp_path / "runs.db"))
+    s.add_model("tiny", make_model("llama", init_scale=3.0))
+    s.add_model("tiny-draft", make_model("qwen2", seed=4, init_scale=2.0))
+    s.add_scorer("tiny-prm", MathShepherdScorer(make_model("llama", seed=5)))
+    return s
+
+
+def _strip(studio, method, **settings) -> str:
+    return list(studio.run("hello", method, "tiny", **{**SMALL, **settings}))[-1].metrics
+
+
+# ----------------------------------------------------------------------------- 3. stopped runs get no verdict
+
+def test_trust_a_cancelled_run_gets_no_ratio_and_no_verdict_in_history(studio):
+    _strip(studio, "Baseline")
+    _strip(studio, "SSR")
+    ssr = studio.history("ssr")[0]
+    meta = RunMeta("ssr", ssr["model"], ssr["prompt"], RunConfig(**SMALL).to_dict(), device=ssr["device"],
+                   dtype=ssr.get("dtype"), think_end=ssr.get("think_end"))
+    stopped = studio.log.save(meta, studio.log.events(ssr["id"])[:12], "cancelled")
+    metrics = studio.replay(stopped).metrics
+    # the tempting wrong answer: the replay compares its partial latency with the baseline (0.41x) and its
+    # partial answer with the baseline's ("same answer ✘ differs"), as the live strip never would
+    assert "x latency" not in metrics and "same answer" not in metrics
+    assert "none: a run that was stopped is not compared" in metrics
+    assert "1 matching baseline run" in studio.replay(ssr["id"]).metrics  # the finished one still is
+
+
+def test_trust_a_cancelled_baseline_is_no_baseline(studio):
+    _strip(studio, "Baseline")
+    base = studio.history("baseline")[0]
+    for status in ("cancelled", "error"):
+        studio.log.save(RunMeta("baseline", base["model"], base["prompt"], RunConfig(**SMALL).to_dict(),
+                                device=base["device"], dtype=base.get("dtype")), studio.log.events(base["id"])[:3], status)
+    assert "· 1 matching baseline run" in _strip(studio, "SSR")  # the one that finished, not three
+    rows = studio.history()
+    assert [b["id"] for b in matching_baselines(rows[0], rows)] == [base["id"]]
+    assert matching_baselines({**rows[0], "status": "cancelled"}, rows) == []
+
+
+# ----------------------------------------------------------------------------- 2. like with like
+
+def test_trust_vs_baseline_needs_a_baseline_with_the_same_settings(studio):
+    _strip(studio, "Baseline")
+    # before: "0.28x latency" against a baseline of other numerics; now: none matches
+    assert "no baseline run with these settings yet: run Baseline with them" in _strip(studio, "SSR", exact=True)
+    assert "no baseline run with these settings" in _strip(studio, "SSR", max_answer=9)
+    _strip(studio, "Baseline", exact=True)
+    strip = _strip(studio, "SSR", exact=True, seed=7)  # greedy: the seed changes nothing, so it is not matched
+    assert "x latency · 1 matching baseline run: same model, settings (greedy: any seed)" in strip
+    assert "same answer" in strip
+
+
+def test_trust_sampled_runs_match_on_temperature_top_p_and_seed(studio):
+    sampled = dict(temperature=0.8, top_p=0.9)
+    for _ in range(2):
+        _strip(studio, "Baseline", **sampled, seed=1)
+    _strip(studio, "Baseline", temperature=1.5, seed=1)
+    assert "no baseline run with these settings" in _strip(studio, "SSR", **sampled, seed=2)
+    assert "(median of 2) · 2 matching baseline runs: same model, settings, seed" in _strip(studio, "SSR", **sampled,
+                                                                                             seed=1)
+
+
+BASE_ROW = {"method": "baseline", "status": "ok", "prompt_hash": "p", "model": "m", "dtype": "float32", "device": "cpu",
+            "step_mode": "eager: off", "config": {**RunConfig().to_dict(), "temperature": 0.7, "seed": 3}}
+
+
+@pytest.mark.parametrize("change, same", [
+    ({"step_mode": "eager: auto compiles on CUDA only"}, True),  # eager for another reason: the same speed
+    ({"config": {**BASE_ROW["config"], "draft_start": 9, "compile": "auto"}}, True),  # SSR's own settings
+    ({"dtype": "bfloat16"}, False), ({"device": "cuda:0"}, False), ({"step_mode": "compiled"}, False),
+    ({"model": "other"}, False), ({"prompt_hash": "q"}, False),
+    ({"config": {**BASE_ROW["config"], "seed": 4}}, False),  # sampled: the seed is part of the output
+    ({"config": {**BASE_ROW["config"], "temperature": 0.0, "seed": 4}}, False),
+    ({"config": {**BASE_ROW["config"], "top_p": 0.5}}, False),
+    ({"config": {**BASE_ROW["config"], "max_think": 7}}, False),
+    ({"config": {**BASE_ROW["config"], "max_answer": 7}}, False),
+    ({"config": {**BASE_ROW["config"], "exact": True}}, False),
+])
+def test_trust_the_match_key(change, same):
+    assert (match_key({**BASE_ROW, **change}) == match_key(BASE_ROW)) is same
+
+
+def test_trust_greedy_runs_match_across_seeds():
+    greedy = {**BASE_ROW, "config": {**BASE_ROW["config"], "temperature": 0.0}}
+    assert match_key(greedy) == match_key({**greedy, "config": {**greedy["config"], "seed": 99}})
+
+
+def test_trust_the_history_chart_uses_matching_baselines_only(studio):
+    _strip(studio, "Baseline")
+    _strip(studio, "SSR", exact=True)
+    assert not charts.speedup_vs_draft_start(studio.history()).data[0].x  # before: one point, vs a non-exact baseline
+    _strip(studio, "SSR")
+    assert len(charts.speedup_vs_draft_start(studio.history()).data[0].x) == 1
+
+
+# ----------------------------------------------------------------------------- 8. inputs that lie
+
+def test_trust_the_largest_seed_reaches_the_run_exactly(studio):
+    # before: float("9223372036854775807") -> 9223372036854775808 -> "must be in 0..2**63-1"
+    assert studio.config("tiny", seed=str(MAX_SEED)).seed == MAX_SEED
+    assert studio.config("tiny", seed=" 42 ").seed == 42 and studio.config("tiny", seed="1e3").seed == 1000
+    _strip(studio, "Baseline", temperature=0.5, seed=str(MAX_SEED))
+    assert studio.log.runs(limit=1)[0]["config"].count(f'"seed": {MAX_SEED}') == 1
+    with pytest.raises(ValueError, match=r"seed=9223372036854775808 must be in 0..2\*\*63-1"):
+        studio.config("tiny", seed=str(MAX_SEED + 1))
+
+
+@pytest.mark.parametrize("value, message", [
+    ("700", "draft_start=700 must be < max_think (600)"), ("-5", "draft_start=-5 must be in 0..1000000"),
+    ("1e3", "draft_start=1000 must be < max_think (600)"), ("2.5", "draft_start='2.5' must be a whole number"),
+])
+def test_trust_typed_draft_starts_are_refused_by_name(studio, value, message):
+    import html
+
+    assert message in html.unescape(list(studio.run("hello", "SSR", "tiny", max_think=600, draft_start=value))[-1].metrics)
+
+
+def test_trust_the_ui_sends_typed_numbers_as_typed_and_shares_the_api_ranges(studio):
+    """A slider clamps what is typed into it before sending (700 shown, 599 run); a browser number
+    holds no 19-digit seed. The draft start is a number box, the seed a text box, and the
+    temperature slider spans exactly what the API accepts."""
+    import gradio as gr
+
+    from ssr_ui.layout import build_app
+
+    demo = build_app(studio)
+    by_label = {getattr(b, "label", None): b for b in demo.blocks.values()}
+    draft_start = by_label["Draft start (reasoning tokens)"]
+    assert isinstance(draft_start, gr.Number) and f"0..{studio.config('tiny').max_think - 1}" in draft_start.info
+    assert draft_start.preprocess(700) == 700  # reaches RunConfig as sent
+    assert isinstance(by_label["Seed"], gr.Textbox)
+    assert by_label["Temperature (0 = greedy)"].maximum == MAX_TEMPERATURE
+    RunConfig(temperature=MAX_TEMPERATURE)
+    with pytest.raises(ValueError, match=r"temperature=50.0 must be in 0..2"):  # before: the API ran it
+        studio.config("tiny", temperature=50)
+
+
+@pytest.mark.xfail(strict=True, reason="the forced end-of-thinking marker is the budget's 601st token: the fix "
+                                       "is in engine/methods (ThinkBudget's callers), see the issue 22 report")
+def test_trust_reasoning_never_exceeds_max_think(studio):
+    frame = list(studio.run("hello", "Baseline", "tiny", **SMALL))[-1]
+    assert frame.view.stats.reasoning_tokens <= SMALL["max_think"]  # today 11 for max think 10
+
+
+# ----------------------------------------------------------------------------- 10. replays and exports
+
+def test_trust_replay_and_export_render_as_the_live_view(studio):
+    live = list(studio.run("hello", "SSR", "tiny", **SMALL))[-1]
+    assert 'class="think-end"' in live.reasoning
+    rid = studio.history()[0]["id"]
+    assert studio.replay(rid).reasoning == live.reasoning  # before: a raw </think> span
+    page = Path(studio.export(rid, "html")).read_text(encoding="utf-8")
+    assert live.reasoning in page and "&lt;/think&gt;" not in page
+    for raw in ("wall_s", "rejected_lookup", "ttft_s", "reasoning_tokens"):  # the strip's labels, not field names
+        assert f">{raw}<" not in page
+    assert ">elapsed<" in page and ">vs baseline<" in page
+    assert ">FLOPs<" in page and live.view.stats.flops > 0  # before: "flops 0" for SSR, which counted none
+
+
+def test_trust_exports_name_every_model_and_show_measured_flops(studio):
+    list(studio.run("hello", "Baseline", "tiny", **SMALL))
+    page = Path(studio.export(studio.history()[0]["id"], "html")).read_text(encoding="utf-8")
+    assert ">FLOPs<" in page  # plain decoding counts its FLOPs: shown as the live strip shows them
+    list(studio.run("hello", "RSD", "tiny", "tiny-draft", "tiny-prm", max_think=20, max_answer=6, max_step_tokens=4))
+    page = Path(studio.export(studio.history()[0]["id"], "html")).read_text(encoding="utf-8")
+    assert "<th>draft model</th><td>tiny-draft</td>" in page and "<th>process reward model</th><td>tiny-prm</td>" in page
+
+
+def test_trust_the_csv_export_honours_the_method_filter(studio):
+    list(studio.run("hello", "Compare", "tiny", "tiny-draft", "tiny-prm", **SMALL))
+    text = Path(studio.export(None, "csv", "ssr")).read_text(encoding="utf-8")
+    assert [r["method"] for r in csv.DictReader(text.splitlines())] == ["ssr"]
+    text = Path(studio.export(None, "csv", "all")).read_text(encoding="utf-8")
+    assert sorted(r["method"] for r in csv.DictReader(text.splitlines())) == ["baseline", "rsd", "ssr"]
