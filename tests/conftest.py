@@ -12,3 +12,20 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 import torch
 
 torch.set_num_threads(int(os.environ.get("SSR_TEST_THREADS", "1")))
+
+
+import pytest
+
+
+@pytest.fixture
+def studio(tmp_path):
+    """A studio over tiny random models (target, draft, PRM) and a run log in ``tmp_path``."""
+    from engine.methods.rsd.prm import MathShepherdScorer
+    from ssr_ui.handlers import Studio
+    from tests.tiny import make_model
+
+    s = Studio("tiny", db=str(tmp_path / "runs.db"))
+    s.add_model("tiny", make_model("llama", init_scale=3.0))
+    s.add_model("tiny-draft", make_model("qwen2", seed=4, init_scale=2.0))
+    s.add_scorer("tiny-prm", MathShepherdScorer(make_model("llama", seed=5)))
+    return s

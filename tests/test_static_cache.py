@@ -357,9 +357,10 @@ def test_gpu_check_times_compiled_against_eager_steps(monkeypatch):
 
     monkeypatch.setattr("engine.runtime.model.CompiledSteps", functools.partial(CompiledSteps, backend="eager"))
     monkeypatch.setattr("engine.runtime.compiled.shutil.which", lambda _: "/usr/bin/c++")
-    out = gpu_check.compiled_vs_eager(torch.device("cpu"), 1)
-    assert set(out) == {"short (100 + 50)", "tuned", "compile_s", "shapes"} and out["shapes"] >= len(BUCKETS)
-    assert all(out[k]["compiled_over_eager_tokens_per_s"] > 0 for k in ("short (100 + 50)", "tuned"))
+    budgets = {"short": RunConfig(max_think=24, max_answer=8), "longer": RunConfig(max_think=60, max_answer=20)}
+    out = gpu_check.compiled_vs_eager(torch.device("cpu"), 1, budgets)  # the tool's path, at small budgets
+    assert set(out) == {"short", "longer", "compile_s", "shapes"} and out["shapes"] >= len(BUCKETS)
+    assert all(out[k]["compiled_over_eager_tokens_per_s"] > 0 for k in budgets)
 
 
 @pytest.mark.parametrize("scorer", ["prm", "target-likelihood"])

@@ -13,21 +13,8 @@ from engine.config import MAX_SEED, MAX_TEMPERATURE, RunConfig
 from engine.runlog import RunMeta
 from engine.runlog.compare import match_key, matching_baselines
 from ssr_ui import charts
-from ssr_ui.handlers import Studio
-from tests.tiny import make_model
 
 SMALL = dict(draft_start=2, max_think=10, max_draft=8, max_answer=10)
-
-
-@pytest.fixture
-def studio(tmp_path):
-    from engine.methods.rsd.prm import MathShepherdScorer
-
-    s = Studio("tiny", db=str(tmp_path / "runs.db"))
-    s.add_model("tiny", make_model("llama", init_scale=3.0))
-    s.add_model("tiny-draft", make_model("qwen2", seed=4, init_scale=2.0))
-    s.add_scorer("tiny-prm", MathShepherdScorer(make_model("llama", seed=5)))
-    return s
 
 
 def _strip(studio, method, **settings) -> str:

@@ -8,7 +8,6 @@ from engine.config import RunConfig
 from engine.events import PhaseEvent, TokenEvent
 from engine.methods.ssr.loop import decode_ssr
 from ssr_ui import charts
-from ssr_ui.handlers import Studio
 from ssr_ui.render import TraceView, metrics_html
 from tests.tiny import make_model
 
@@ -45,17 +44,6 @@ def test_fork_marker_sits_in_the_reasoning():
     view.apply(PhaseEvent("drafting", 0.0, draft=0, at_token=2))
     html = view.reasoning_html()
     assert html.index("r1") < html.index("▼ draft 0") < html.index("r2")
-
-
-@pytest.fixture
-def studio(tmp_path):
-    from engine.methods.rsd.prm import MathShepherdScorer
-
-    s = Studio("tiny", db=str(tmp_path / "runs.db"))
-    s.add_model("tiny", make_model("llama", init_scale=3.0))
-    s.add_model("tiny-draft", make_model("qwen2", seed=4, init_scale=2.0))
-    s.add_scorer("tiny-prm", MathShepherdScorer(make_model("llama", seed=5)))
-    return s
 
 
 def test_run_streams_logs_and_compares(studio):

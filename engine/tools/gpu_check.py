@@ -149,15 +149,17 @@ def bundled(device: torch.device, n: int, compile: str = "auto") -> dict:
             "ssr_answers_identical": same, "step_mode": runs["ssr"][0].stats.step_mode, "compile_s": lm.compile_seconds}
 
 
-def compiled_vs_eager(device: torch.device, n: int) -> dict:
+def compiled_vs_eager(device: torch.device, n: int, budgets: dict[str, RunConfig] | None = None) -> dict:
     """The bundled tiny-reasoner's plain decoding, compiled steps over the eager static path
     (tokens per second, interleaved per prompt, median of per-prompt ratios), at short budgets and
-    at its tuned ones: compiled steps attend over the whole fixed capacity, so the budgets matter."""
+    at its tuned ones (or ``budgets``, by name): compiled steps attend over the whole fixed
+    capacity, so the budgets matter."""
     lm = load_model("tiny-reasoner", device=str(device))
     prompts = [make_example("classes", EVAL_SEED_BASE + 200 + i).prompt for i in range(n)]
     out = {}
-    for name, cfg in (("short (100 + 50)", RunConfig(max_think=100, max_answer=50)),
-                      ("tuned", RunConfig(**recommended_settings("tiny-reasoner")))):
+    budgets = budgets or {"short (100 + 50)": RunConfig(max_think=100, max_answer=50),
+                          "tuned": RunConfig(**recommended_settings("tiny-reasoner"))}
+    for name, cfg in budgets.items():
         for mode in ("off", "on"):  # warm-up; "on" compiles here, before anything is timed
             list(decode_baseline(lm, prompts[0], cfg.replace(compile=mode)))
         rate = {p: [list(decode_baseline(lm, p, cfg.replace(compile=m)))[-1].stats.tokens_per_s
