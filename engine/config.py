@@ -132,6 +132,15 @@ class RunConfig:
         return number(name, value, whole=kind is int)
 
 
+def field_help() -> dict[str, str]:
+    """Each :class:`RunConfig` field's comment in this file (one source for CLI help texts)."""
+    import inspect
+    import re
+
+    found = re.findall(r"^    (\w+): [^=]+= [^#\n]+#\s*(.+)$", inspect.getsource(RunConfig), re.MULTILINE)
+    return dict(found)
+
+
 def number(name: str, value, whole: bool = False) -> float | int:
     """A finite number (a whole one with ``whole``) from a number or a numeric string; ValueError
     naming ``name`` otherwise. Whole numbers stay exact: "9223372036854775807" is that integer,

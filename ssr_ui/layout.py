@@ -57,28 +57,32 @@ def examples() -> dict[str, list[str]]:
 
 
 def _api_signature(cfg, settings: dict, models: dict):
-    """Give the generator ``fn(request, prompt, method, model, **settings)`` the signature Gradio
-    builds the run's API from: after ``model``, one parameter per entry of ``settings`` in its
-    order, its default ``cfg``'s value (or ``models``' for the model names). Gradio calls it
-    positionally, in the same order; the wrapper (a generator too, so Gradio streams it) hands the
-    values on by name."""
+    """Give the generator ``fn(request, prompt, ..., **settings)`` the signature Gradio builds its
+    API from: after ``fn``'s own parameters, one per entry of ``settings`` in its order, its default
+    ``cfg``'s value (or ``models``' for the model names). Gradio calls it positionally, in the same
+    order; the wrapper (a generator too, so Gradio streams it) hands the settings on by name."""
     import inspect
 
     names = list(settings)
 
     def decorate(fn):
-        head = list(inspect.signature(fn).parameters.values())[:4]  # request, prompt, method, model
+        head = [p for p in inspect.signature(fn).parameters.values() if p.kind is not p.VAR_KEYWORD]
         tail = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                   default=models[n] if n in models else getattr(cfg, n)) for n in names]
 
         @functools.wraps(fn)
-        def call(request, prompt, method="SSR", model="", *values, **named):
-            given = {**dict(zip(names, values, strict=False)), **named}  # fewer values: the rest by name or default
-            yield from fn(request, prompt, method, model, **{n: given.get(n, p.default) for n, p in zip(names, tail, strict=True)})
+        def call(*args, **named):
+            values = args[len(head):]  # fewer values: the rest by name or default
+            given = {**dict(zip(names, values, strict=False)), **{k: v for k, v in named.items() if k in settings}}
+            own = {k: v for k, v in named.items() if k not in settings}
+            yield from fn(*args[: len(head)], **own, **{n: given.get(n, p.default) for n, p in zip(names, tail, strict=True)})
 
         call.__signature__ = inspect.Signature([*head, *tail])
         return call
     return decorate
+
+
+RSD_ONLY = ("threshold", "weighting", "weight_param", "draft_confidence")  # settings only RSD reads
 
 
 def _as_sent(component):
@@ -112,6 +116,8 @@ def build_app(studio: Studio) -> gr.Blocks:
             draft_start = _as_sent(gr.Number(value=cfg.draft_start, precision=0, label="Draft start (reasoning tokens)",
                                              elem_id="draft-start", info=_draft_start_info(cfg.max_think)))
             with gr.Accordion("Draft-start sweep", open=False):
+                gr.Markdown("One baseline run, then SSR at each draft start, with every SSR setting and the numerics "
+                            "set below (drafts, interval, lookups, suffix recovery, exact, compiled steps).")
                 with gr.Row():
                     sweep_from = _as_sent(gr.Number(value=0, precision=0, label="From"))
                     sweep_to = _as_sent(gr.Number(value=min(cfg.max_think - 1, 4 * cfg.draft_start or 200),
@@ -268,18 +274,19 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         stop_btn.click(stop, None, None, queue=False, **PRIVATE)
 
+        # the sweep runs with every SSR and numerics setting on screen (draft start is what it varies)
+        sweep_settings = {k: v for k, v in run_settings.items() if k not in (*RSD_ONLY, *models, "draft_start")}
+
         @on_gpu
-        def sweep(request: gr.Request, prompt, model, start, stop, step, max_think, max_draft, max_answer, temperature,
-                  seed):
-            settings = dict(max_think=max_think, max_draft=max_draft, max_answer=max_answer, temperature=temperature,
-                            seed=seed)
+        @_api_signature(cfg, sweep_settings, {})
+        def sweep(request: gr.Request, prompt: str, model: str = "", start=0, stop=200, step=20, **settings):
             with studio.jobs.running(current_event_id(), request.session_hash) as job:
                 if job is not None:
                     yield from studio.sweep(prompt, model, start, stop, step, job=job, **settings)
 
         sweep_event = sweep_btn.click(busy, None, buttons, queue=False, **PRIVATE).then(
-            sweep, [prompt, model, sweep_from, sweep_to, sweep_step, max_think, max_draft, max_answer, temperature,
-                    seed], [sweep_status, sweep_plot], api_name="sweep", concurrency_limit=RUN_CONCURRENCY,
+            sweep, [prompt, model, sweep_from, sweep_to, sweep_step, *sweep_settings.values()],
+            [sweep_status, sweep_plot], api_name="sweep", concurrency_limit=RUN_CONCURRENCY,
             show_progress="minimal", show_progress_on=[sweep_status])
 
         def model_settings(name, think):

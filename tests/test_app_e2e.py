@@ -40,6 +40,26 @@ def test_gradio_client_streams_a_run_into_the_log(app):
     assert ("ssr", "ok") in [(m, s) for m, s, _ in rows]
 
 
+def test_the_sweep_runs_with_the_ssr_settings_it_is_given(app):
+    """Issue 22, finding 4: the sweep ignored the SSR settings (3 drafts, interval 30, suffix
+    recovery off, lookups 4 were logged as 1, 250, on, 0). Its API takes them and every run logs them."""
+    import json
+
+    from gradio_client import Client
+
+    url, db = app
+    settings = dict(num_drafts=3, draft_interval=30, suffix_recovery=False, think_spec=4, max_think=120,
+                    max_answer=60, max_draft=60)
+    Client(url, verbose=False).predict(prompt="Start with 12, then add 30. What is the result?", start=10, stop=20,
+                                       step=10, api_name="/sweep", **settings)
+    rows = sqlite3.connect(db).execute("select method, config from runs where prompt like 'Start with 12, then add 30%'"
+                                       " and method = 'ssr'").fetchall()
+    configs = [json.loads(c) for _m, c in rows]
+    assert sorted(c["draft_start"] for c in configs)[-2:] == [10, 20]
+    for c in configs[-2:]:
+        assert {k: c[k] for k in settings} == settings
+
+
 def _text(pane_html: str) -> str:
     import html
     import re

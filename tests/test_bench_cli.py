@@ -51,7 +51,11 @@ def test_bench_end_to_end(model_dir, prompts, tmp_path, capsys):
     assert summary["ssr"]["answers_equal_baseline"] == 2
     logged = RunLog(db).runs(limit=100)
     assert len(logged) == 16 and {r["origin"] for r in logged} == {"bench"}
-    assert "ratio" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "latency / baseline (median per prompt)" in printed and "latency IQR" in printed  # labelled, with spread
+    lo, hi = summary["ssr"]["latency_iqr_s"]
+    ssr = sorted(r["latency_s"] for r in result["runs"] if r["method"] == "ssr")
+    assert ssr[0] <= lo <= summary["ssr"]["median_latency_s"] <= hi <= ssr[-1]
 
 
 def test_hf_peer_splits_at_the_marker_and_matches_baseline(model_dir, prompts, tmp_path):
@@ -139,8 +143,45 @@ def test_bench_rsd_methods(rsd_dirs, prompts, tmp_path, capsys):
     assert summary["target"]["median_flops_ratio_to_target"] == 1.0
     assert summary["draft"]["median_flops_ratio_to_target"] > 0
     assert 0.0 <= summary["rsd"]["fraction_steps_accepted"] <= 1.0
+    assert summary["rsd"]["median_latency_ratio_to_target"] > 0 and summary["target"]["median_latency_ratio_to_target"] == 1
+    printed = capsys.readouterr().out
+    assert "steps kept" in printed and " rsd: " in printed and "accepted 0 recovered 0" not in printed.split("rsd:")[1][:40]
     rows = RunLog(db).runs(method="rsd")
     assert rows and rows[0]["prm"] == rsd_dirs["prm"] and rows[0]["flops"] > 0
+
+
+def test_the_bench_logs_correct_and_history_charts_rsd_accuracy(rsd_dirs, prompts, tmp_path, capsys):
+    """Issue 22, finding 5: the bench printed correct=True but logged NULL, so History's RSD chart
+    never showed accuracy. Every run with a reference and a checker is logged graded, as the JSON says."""
+    from ssr_ui import charts
+
+    out, db = tmp_path / "rsd.json", tmp_path / "runs.db"
+    code = bench.main(["--model", rsd_dirs["target"], "--draft-model", rsd_dirs["draft"], "--prm", rsd_dirs["prm"],
+                       "--methods", "target,rsd", "--prompts", str(prompts), "--out", str(out), "--db", str(db),
+                       "--threshold", "0.5", "--max-think", "20", "--max-answer", "5", "--max-step-tokens", "4",
+                       "--warmup", "0"])
+    assert code == 0, capsys.readouterr().err
+    graded = {(r["method"], r["prompt_id"]): r["correct"] for r in json.loads(out.read_text())["runs"] if "correct" in r}
+    rows = RunLog(db).runs()
+    logged = {(r["method"], r["prompt_id"]): r["correct"] for r in rows}
+    assert graded and all(logged[k] == int(v) for k, v in graded.items())  # the graded prompt: logged graded
+    assert logged[("rsd", "a")] is None  # no reference: nothing to grade
+    names = [t.name for t in charts.rsd_by_threshold(rows).data]
+    assert "RSD accuracy" in names
+
+
+def test_a_wide_spread_is_said_not_hidden():
+    """Issue 22, finding 7: on a loaded machine a ratio column could contradict the latency column
+    unlabelled; now the table labels both and a wide spread is printed as a warning."""
+    runs = [{"method": m, "prompt_id": p, "latency_s": t, "tokens_per_s": 1.0, "accepted": 0, "recovered": 0,
+             "steps_accepted": 0, "steps_rejected": 0, "step_s_drafting": None, "step_s_alone": None,
+             "answer_token_ids": [1]}
+            for p, (b, s) in enumerate([(1.0, 0.5), (1.0, 1.5), (1.0, 0.6), (1.0, 1.4)]) for m, t in (("baseline", b), ("ssr", s))]
+    summary = bench.summarize(runs, greedy=True)
+    warnings = bench.spread_warnings(summary)
+    assert any(w.startswith("ssr: per-prompt latency ratios spread") for w in warnings)
+    calm = bench.summarize([{**r, "latency_s": 1.0 if r["method"] == "baseline" else 0.7} for r in runs], greedy=True)
+    assert bench.spread_warnings(calm) == []
 
 
 def test_bench_rsd_bad_input(rsd_dirs, prompts, tmp_path, capsys):

@@ -266,7 +266,7 @@ def test_every_shape_bucket_compiled_matches_eager(eager_compiled):
             expect(gap(got, lm.forward(feed, eager, 20), lm))
             assert got.shape[1] == width and fixed.get_seq_length() == 20 + width  # the padding was given back
             assert int(fixed.cursor.tensor) == 20 + width  # one device cursor, shared by every layer
-            assert (rows, bucket(width), fixed.capacity) in lm.compiled.shapes
+            assert (rows, bucket(width), fixed.capacity, fixed.rows_capacity) in lm.compiled.shapes
     assert len(lm.compiled.shapes) == 2 * len(BUCKETS)
 
 
@@ -308,7 +308,8 @@ def test_compile_time_is_spent_before_the_run_and_reported_apart(eager_compiled,
     steps, traced = lm._steps, lm._steps._fn
 
     def compiling(**inputs):
-        if (*inputs["input_ids"].shape, inputs["cache"].capacity) not in steps.shapes:  # a first call compiles
+        cache = inputs["cache"]
+        if (*inputs["input_ids"].shape, cache.capacity, cache.rows_capacity) not in steps.shapes:  # a first call compiles
             clock.now += COMPILE_S
         return traced(**inputs)
 
@@ -387,3 +388,34 @@ def test_a_step_past_a_fixed_cache_says_so():
     _feed(lm, cache, list(range(10, 22)), 0)
     with pytest.raises(RuntimeError, match="a 8-token step at slot 12 does not fit a cache of 16 slots"):
         _feed(lm, cache, list(range(30, 38)), 12)
+
+
+def test_no_step_compiles_inside_a_run(monkeypatch):
+    """Issue 22, finding 6: every shape a run meets is compiled before its clock starts. A backend
+    that counts dynamo's compiles (first compiles and recompiles alike; dynamo's eager backend
+    underneath) sees none once a run's first non-"compiling" event is out, runs of several row
+    counts in turn on one model (RSD's writers take the same path: see the compiled RSD test). It
+    caught SSR with 3 drafts making 4 compiles inside its run, for shapes the runs before it had
+    compiled beside buffers of fewer rows (dynamo guards those too: now part of a shape's key)."""
+    compiles = []
+
+    def counting(gm, example_inputs):
+        compiles.append(1)
+        return gm.forward
+
+    monkeypatch.setattr("engine.runtime.compiled.shutil.which", lambda _: "/usr/bin/c++")
+    target = make_model("llama", seed=1, init_scale=2.0)
+    target._steps = CompiledSteps(target.model, cuda_graphs=False, backend=counting)
+    small = dict(max_think=16, max_answer=10, max_draft=8, draft_start=2, max_step_tokens=6, compile="on")
+    runs = {  # a shape (rows, width, capacity) met first beside buffers of another row count: rows are guarded too
+        "baseline": lambda: decode_baseline(target, "Start with 7", RunConfig(**small)),
+        "ssr, lookups": lambda: decode_ssr(target, "Start with 7", RunConfig(**small, think_spec=2)),
+        "ssr, 3 drafts": lambda: decode_ssr(target, "Start with 7", RunConfig(**small, num_drafts=3, draft_interval=3)),
+    }
+    for name, run in runs.items():
+        before = None
+        for ev in run():
+            if before is None and getattr(ev, "phase", None) != "compiling":
+                before = len(compiles)
+        assert len(compiles) == before, f"{name}: {len(compiles) - before} compiles inside the run"
+    assert compiles  # the counter saw the compiles made before the runs

@@ -36,7 +36,7 @@ import platform
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -65,6 +65,9 @@ class RunMeta:
     prompt_id: str | None = None
     reference: str | None = None
     correct: bool | None = None
+    # grades a finished run's answer text against ``reference`` (True / False, None: no checker applies),
+    # so that ``correct`` is logged with the run
+    grade: Callable[[str], bool | None] | None = field(default=None, repr=False, compare=False)
     origin: str = "app"  # "app" or "bench"
     device: str = "cpu"
     dtype: str | None = None  # the target's precision, e.g. "float32"
@@ -220,11 +223,14 @@ class RunLog:
         """Write one run and its events in a single transaction (all or nothing); returns the run id."""
         done = events[-1] if events and isinstance(events[-1], DoneEvent) else None
         stats = done.stats if done else partial_stats(meta.method, events)
+        correct = meta.correct
+        if correct is None and done is not None and meta.grade is not None and status == "ok":
+            correct = meta.grade(done.answer_text)
         row = {
             "created_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
             "method": meta.method, "model": meta.model, "draft_model": meta.draft_model, "prm": meta.prm,
             "prompt": meta.prompt, "prompt_hash": prompt_hash(meta.prompt), "prompt_id": meta.prompt_id,
-            "reference": meta.reference, "correct": None if meta.correct is None else int(meta.correct),
+            "reference": meta.reference, "correct": None if correct is None else int(correct),
             "origin": meta.origin, "device": meta.device, "dtype": meta.dtype, "think_end": meta.think_end, "config": json.dumps(meta.config, sort_keys=True),
             "status": status, "error": error, "versions": json.dumps(library_versions()),
             "reasoning_text": done.reasoning_text if done else stream_text(events, "reasoning"),

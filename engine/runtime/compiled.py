@@ -71,7 +71,7 @@ class CompiledSteps:
     model: torch.nn.Module
     cuda_graphs: bool
     backend: str = "inductor"  # tests pass "eager": dynamo's tracing and guards without inductor's compile time
-    shapes: dict[tuple[int, int, int], float] = field(default_factory=dict)  # (rows, width, capacity) -> first call, s
+    shapes: dict[tuple[int, int, int, int], float] = field(default_factory=dict)  # (rows, width, capacity, buffer rows) -> s
     _fn: object = None
 
     def __post_init__(self) -> None:
@@ -88,7 +88,7 @@ class CompiledSteps:
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
         """Logits ``[rows, width, V]`` of one fixed-shape step (a fresh tensor, safe to keep)."""
-        shape = (*ids.shape, cache.capacity)
+        shape = (*ids.shape, cache.capacity, cache.rows_capacity)  # the buffers' row count is guarded too
         first = shape not in self.shapes
         # fresh inputs with standard strides, made in inference mode: guards tell apart strides (an
         # expanded row of positions) and inference tensors from normal ones, and either would recompile

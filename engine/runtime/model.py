@@ -228,7 +228,7 @@ class LoadedModel:
             return []
         capacity = _fixed_capacity(capacity)
         shapes = [(1, w) for w in BUCKETS] + [(r, w) for r in range(2, rows + 1) for w in BUCKETS if w <= bucket(row_width)]
-        return [(r, w) for r, w in shapes if (r, w, capacity) not in self.compiled.shapes]
+        return [(r, w) for r, w in shapes if (r, w, capacity, rows) not in self.compiled.shapes]
 
     def prepare_steps(self, capacity: int, rows: int = 1, row_width: int = 1) -> Iterator[Compiling]:
         """Compile, before a run starts, every step shape it can meet (:meth:`shapes_to_compile`),

@@ -200,12 +200,18 @@ class SlotCache(Cache):
         super().__init__(layers=[_slot(layer, capacity, rows, fixed, self.cursor)
                                  for layer in DynamicCache(config=config).layers])
         self.capacity, self.fixed = capacity, fixed
+        self._rows = rows
         # a cache with no attention layer at all (Mamba) has no layer that counts tokens: it does here
         self.counts_tokens = not any(isinstance(layer, CacheLayerMixin) for layer in self.layers)
         self.fed = 0
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.fed if self.counts_tokens else super().get_seq_length(layer_idx)
+
+    @property
+    def rows_capacity(self) -> int:
+        """Rows the buffers hold: part of a compiled step's shape (dynamo's guards see it)."""
+        return max((layer.rows_capacity for layer in self.slot_layers), default=self._rows)
 
     @property
     def slot_layers(self) -> list[SlotLayer]:

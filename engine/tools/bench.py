@@ -8,9 +8,11 @@
 Prompts are JSON lines ``{"id": ..., "prompt": ..., "reference": optional, "suite": optional}``;
 each prompt is the user message, templated by the engine. For every prompt and repeat the methods
 run one after another (A B A B ...), so ratios hold on a noisy machine. ``results.json`` holds
-``{"runs": [...], "summary": [...]}``: per method the median latency, the median per-prompt latency
-ratio to ``baseline`` (per prompt, the median over repeats), the accuracy where a checker applies,
-and for greedy runs how many answers equal baseline's.
+``{"runs": [...], "summary": [...]}``: per method the median latency and its IQR, the median of
+per-prompt latency ratios to ``baseline`` (per prompt, the median over repeats) and their IQR, for
+RSD's methods the same to ``target`` (and FLOPs), steps kept, the accuracy where a checker applies
+(also logged as ``correct`` with ``--db``), and for greedy runs how many answers equal baseline's.
+A spread too wide to read a ratio at face value is printed as a warning.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from engine.config import RunConfig
+from engine.config import RunConfig, field_help
 from engine.events import DoneEvent
 from engine.methods.rsd.loop import RSD_METHODS
 from engine.registry import METHODS, SINGLE_MODEL, check_method, decoder
@@ -69,7 +71,9 @@ def run_one(models: dict, method: str, prompt: dict, cfg: RunConfig, repeat: int
     lm = models["target"]
     decode = decoder(method, lm, models.get("draft"), models.get("scorer"))
     rsd = method in RSD_METHODS
-    meta = RunMeta(method, lm.model_id, prompt["prompt"], cfg.to_dict(), prompt_id=prompt["id"],
+    reference = prompt.get("reference")
+    grade = None if reference is None else (lambda answer: check(prompt.get("suite"), answer, str(reference)))
+    meta = RunMeta(method, lm.model_id, prompt["prompt"], cfg.to_dict(), prompt_id=prompt["id"], grade=grade,
                    draft_model=models["draft"].model_id if rsd and method != "target" else None,
                    prm=models["prm_name"] if method == "rsd" else None,
                    reference=prompt.get("reference"), origin="bench", device=getattr(lm, "backend", str(lm.device)),
@@ -81,10 +85,8 @@ def run_one(models: dict, method: str, prompt: dict, cfg: RunConfig, repeat: int
     run = {"prompt_id": prompt["id"], "repeat": repeat, "latency_s": stats["wall_s"], **stats, "method": method,
            "answer_text": done.answer_text, "answer_token_ids": done.answer_ids,
            "reasoning_token_ids": done.reasoning_ids}
-    if prompt.get("reference") is not None:
-        correct = check(prompt.get("suite"), done.answer_text, str(prompt["reference"]))
-        if correct is not None:
-            run["correct"] = correct
+    if grade is not None and (correct := grade(done.answer_text)) is not None:
+        run["correct"] = correct
     return run
 
 
@@ -101,6 +103,44 @@ def add_agreement(lm, prompt: str, batch: list[dict]) -> None:
             r.update(agreement=str(a), diverged_at=a.diverged_at, margin=a.margin)
 
 
+def _tokens_line(r: dict) -> str:
+    """A run's own figures: SSR's accepted / recovered answer tokens, RSD's steps kept."""
+    if r["method"] in RSD_METHODS:
+        return f"steps kept {r['steps_accepted']}/{r['steps_accepted'] + r['steps_rejected']}"
+    return f"accepted {r['accepted']} recovered {r['recovered']}"
+
+
+def _iqr(xs: list[float]) -> tuple[float, float]:
+    """The quartiles (q1, q3); a single value is its own spread."""
+    if len(xs) < 2:
+        return xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+WIDE = 0.25  # a ratio's IQR wider than this, or a latency IQR wider than this share of its median: say so
+
+
+def spread_warnings(summary: list[dict]) -> list[str]:
+    """Where the spread is too wide for a ratio to be read at face value (a loaded machine)."""
+    out = []
+    for row in summary:
+        for key in ("latency_ratio_iqr_to_baseline", "latency_ratio_iqr_to_target"):
+            if key in row and row[key][1] - row[key][0] > WIDE:
+                out.append(f"{row['method']}: per-prompt latency ratios spread {row[key][0]:.2f}-{row[key][1]:.2f} "
+                           "(IQR): rerun with --repeat, on an idle machine")
+        lo, hi = row["latency_iqr_s"]
+        if row["median_latency_s"] and (hi - lo) / row["median_latency_s"] > 2 * WIDE:
+            out.append(f"{row['method']}: latencies spread {lo:.3f}-{hi:.3f} s (IQR) around {row['median_latency_s']:.3f} s")
+    return out
+
+
+def _ratios(by: dict, m: str, ref: str, prompts: list, key: str) -> list[float]:
+    """Per prompt, the median over repeats of ``m``'s ``key`` over ``ref``'s."""
+    return [statistics.median(r[key] for r in by[(m, p)]) / statistics.median(r[key] for r in by[(ref, p)])
+            for p in prompts if (m, p) in by and (ref, p) in by and all(r[key] for r in by[(ref, p)])]
+
+
 def summarize(runs: list[dict], greedy: bool) -> list[dict]:
     methods = list(dict.fromkeys(r["method"] for r in runs))
     by = {}
@@ -112,23 +152,23 @@ def summarize(runs: list[dict], greedy: bool) -> list[dict]:
         mine = [r for r in runs if r["method"] == m]
         row = {"method": m, "runs": len(mine),
                "median_latency_s": statistics.median(r["latency_s"] for r in mine),
+               "latency_iqr_s": _iqr([r["latency_s"] for r in mine]),
                "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in mine)}
-        if "baseline" in methods:
-            ratios = [statistics.median(r["latency_s"] for r in by[(m, p)]) /
-                      statistics.median(r["latency_s"] for r in by[("baseline", p)]) for p in prompts]
-            row["median_latency_ratio_to_baseline"] = statistics.median(ratios)
-            if greedy:
-                row["answers_equal_baseline"] = sum(
-                    by[(m, p)][0]["answer_token_ids"] == by[("baseline", p)][0]["answer_token_ids"] for p in prompts)
+        for ref in ("baseline", "target"):  # RSD's benches compare with the target alone
+            if ref in methods and (ref == "baseline" or m in RSD_METHODS):
+                ratios = _ratios(by, m, ref, prompts, "latency_s")
+                row[f"median_latency_ratio_to_{ref}"] = statistics.median(ratios)
+                row[f"latency_ratio_iqr_to_{ref}"] = _iqr(ratios)
+        if "baseline" in methods and greedy:
+            row["answers_equal_baseline"] = sum(
+                by[(m, p)][0]["answer_token_ids"] == by[("baseline", p)][0]["answer_token_ids"] for p in prompts)
         if "target" in methods:
-            ratios = [statistics.median(r["flops"] for r in by[(m, p)]) /
-                      statistics.median(r["flops"] for r in by[("target", p)]) for p in prompts
-                      if all(r["flops"] for r in by[("target", p)]) and m in RSD_METHODS]
+            ratios = _ratios(by, m, "target", prompts, "flops") if m in RSD_METHODS else []
             if ratios:
                 row["median_flops_ratio_to_target"] = statistics.median(ratios)
             row["median_flops"] = statistics.median(r["flops"] for r in mine)
         steps = sum(r["steps_accepted"] + r["steps_rejected"] for r in mine)
-        if m == "rsd" and steps:
+        if m in RSD_METHODS and steps:
             row["fraction_steps_accepted"] = sum(r["steps_accepted"] for r in mine) / steps
         checked = [r["correct"] for r in mine if "correct" in r]
         if checked:
@@ -143,12 +183,17 @@ def summarize(runs: list[dict], greedy: bool) -> list[dict]:
 
 
 def format_table(summary: list[dict]) -> str:
-    cols = [("method", "method", "{}"), ("median_latency_s", "latency s", "{:.3f}"),
-            ("median_latency_ratio_to_baseline", "ratio", "{:.3f}"), ("median_tokens_per_s", "tok/s", "{:.1f}"),
+    cols = [("method", "method", "{}"), ("median_latency_s", "latency s (median)", "{:.3f}"),
+            ("latency_iqr_s", "latency IQR", "{0[0]:.3f}-{0[1]:.3f}"),
+            ("median_latency_ratio_to_baseline", "latency / baseline (median per prompt)", "{:.3f}"),
+            ("latency_ratio_iqr_to_baseline", "its IQR", "{0[0]:.2f}-{0[1]:.2f}"),
+            ("median_latency_ratio_to_target", "latency / target (median per prompt)", "{:.3f}"),
+            ("median_tokens_per_s", "tok/s", "{:.1f}"),
             ("median_accepted", "accepted", "{:.0f}"), ("median_recovered", "recovered", "{:.0f}"),
             ("answers_equal_baseline", "= baseline", "{}"), ("accuracy", "accuracy", "{:.1%}"),
             ("median_step_ratio_with_draft", "step x draft", "{:.2f}"),
-            ("median_flops_ratio_to_target", "FLOPs/target", "{:.3f}"), ("fraction_steps_accepted", "steps kept", "{:.1%}")]
+            ("median_flops_ratio_to_target", "FLOPs / target (median per prompt)", "{:.3f}"),
+            ("fraction_steps_accepted", "steps kept", "{:.1%}")]
     cols = [c for c in cols if any(c[0] in row for row in summary)]
     cells = [[h for _, h, _ in cols]] + [[f.format(row[k]) if row.get(k) is not None else "-" for k, _, f in cols]
                                           for row in summary]
@@ -160,12 +205,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m engine.tools.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny-reasoner", help="bundled name, preset, local folder or Hub id")
     ap.add_argument("--methods", default="baseline,ssr", help=f"comma-separated, from {','.join(METHODS)}")
-    ap.add_argument("--prompts", required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--prompts", required=True, help='JSON lines: {"id", "prompt", "reference" (optional), '
+                    '"suite" (optional: classes / arithmetic, for the checker)}; python -m engine.tools.synthetic writes some')
+    ap.add_argument("--out", required=True, help="results JSON: every run and the summary table")
     ap.add_argument("--db", default=None, help="also log every run to this SQLite file")
-    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=1, help="timed runs per prompt and method, interleaved (default: 1)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs before measuring")
-    ap.add_argument("--device", default=None)
+    ap.add_argument("--device", default=None, help="cuda, mps or cpu (default: CUDA, then MPS, then the CPU)")
     ap.add_argument("--random-weights", action="store_true",
                     help="build the preset's architecture offline with random weights (real per-token costs)")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
@@ -173,8 +219,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--prm", default="tiny-prm", help="RSD's PRM: a math-shepherd-format model, a "
                     "Qwen2.5-Math-PRM id (needs --trust-remote-code) or 'target-likelihood'")
     ap.add_argument("--trust-remote-code", action="store_true", help="allow a PRM's own modelling code to run")
+    notes, defaults = field_help(), RunConfig()
     for name, kind in CONFIG_FLAGS.items():
-        ap.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
+        what = notes.get(name, name.replace("_", " "))
+        ap.add_argument("--" + name.replace("_", "-"), type=kind, default=None, metavar=kind.__name__.upper(),
+                        help=f"{what} (default: the model's tuned value if it has one, else {getattr(defaults, name)})")
     ap.add_argument("--backend", choices=("transformers", "vllm"), default=None,
                     help="where --model runs: in process (transformers, the default) or on a vLLM server (--base-url)")
     ap.add_argument("--base-url", default=None, help="run --model on a vLLM server at this URL (e.g. "
@@ -248,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             for m in methods:
                 batch.append(run_one(models, m, prompt, cfg, rep, log))
                 r = batch[-1]
-                print(f"  {prompt['id']:>14} r{rep} {m:>8}: {r['latency_s']:.3f}s  acc {r['accepted']} "
-                      f"rec {r['recovered']}" + (f"  correct={r['correct']}" if "correct" in r else ""), flush=True)
+                print(f"  {prompt['id']:>14} r{rep} {m:>8}: {r['latency_s']:.3f}s  {_tokens_line(r)}"
+                      + (f"  correct={r['correct']}" if "correct" in r else ""), flush=True)
             if cfg.greedy and not args.base_url:  # agreement reads logits in process
                 add_agreement(lm, prompt["prompt"], batch)
             runs += batch
@@ -257,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps({"model": args.model, "config": cfg.to_dict(), "step_mode": next((r["step_mode"] for r in runs if r["step_mode"]), None),
                                           "compile_s": getattr(lm, "compile_seconds", 0.0), "runs": runs, "summary": summary}, indent=1))
     print(format_table(summary))
+    for warning in spread_warnings(summary):
+        print(f"warning: {warning}")
     for r in runs:
         if r.get("agreement", "identical") != "identical":
             print(f"  {r['method']} on {r['prompt_id']} r{r['repeat']}: {r['agreement']}")
