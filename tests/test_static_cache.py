@@ -270,18 +270,41 @@ def test_every_shape_bucket_compiled_matches_eager(eager_compiled):
     assert len(lm.compiled.shapes) == 2 * len(BUCKETS)
 
 
-@pytest.mark.parametrize("settings", [dict(draft_start=3), dict(draft_start=2, num_drafts=3, draft_interval=3),
-                                      dict(draft_start=2, think_spec=4), dict(draft_start=4, max_spec=40)])
-def test_compiled_decoding_is_token_for_token_the_same(eager_compiled, settings):
-    lm = eager_compiled(make_model("qwen3", seed=2, style="open", init_scale=3.0))
-    cfg = RunConfig(max_think=24, max_answer=30, max_draft=14, **settings)
-    for prompt in ("hello world", "class Garden: rose"):
-        off = final(decode_baseline(lm, prompt, cfg.replace(compile="off")))
-        for decode in (decode_baseline, decode_ssr):
-            on = final(decode(lm, prompt, cfg.replace(compile="on")))
-            assert (on.reasoning_ids, on.answer_ids) == (off.reasoning_ids, off.answer_ids)
-            assert on.stats.step_mode == "compiled"
-    assert lm.compile_seconds > 0 and (3 if settings.get("num_drafts") == 3 else 2, 1) in {s[:2] for s in lm.compiled.shapes}
+SETTINGS = [dict(draft_start=3), dict(draft_start=2, think_spec=4), dict(draft_start=2, num_drafts=3, draft_interval=3),
+            dict(draft_start=4, max_spec=40)]
+
+
+def test_compiled_decoding_is_token_for_token_the_same_and_never_compiles_mid_run(monkeypatch):
+    """Every setting in turn on one model: compiled plain decoding and SSR give eager decoding's
+    tokens, and a backend that counts dynamo's compiles (first compiles and recompiles alike;
+    dynamo's eager backend underneath) sees none once a run's first non-"compiling" event is out
+    (issue 22, finding 6). The count caught SSR with 3 drafts making 4 compiles inside its run,
+    for shapes the runs before it had compiled beside buffers of fewer rows (dynamo guards those
+    too: now part of a shape's key)."""
+    compiles = []
+
+    def counting(gm, example_inputs):
+        compiles.append(1)
+        return gm.forward
+
+    monkeypatch.setattr("engine.runtime.compiled.shutil.which", lambda _: "/usr/bin/c++")
+    lm = make_model("qwen3", seed=2, style="open", init_scale=3.0)
+    lm._steps = CompiledSteps(lm.model, cuda_graphs=False, backend=counting)
+    for settings in SETTINGS:
+        cfg = RunConfig(max_think=24, max_answer=30, max_draft=14, **settings)
+        for prompt in ("hello world", "class Garden: rose"):
+            off = final(decode_baseline(lm, prompt, cfg.replace(compile="off")))
+            for decode in (decode_baseline, decode_ssr):
+                before, events = None, []
+                for ev in decode(lm, prompt, cfg.replace(compile="on")):
+                    events.append(ev)
+                    if before is None and getattr(ev, "phase", None) != "compiling":
+                        before = len(compiles)
+                assert len(compiles) == before, f"{settings}: {len(compiles) - before} compiles inside the run"
+                on = events[-1]
+                assert (on.reasoning_ids, on.answer_ids) == (off.reasoning_ids, off.answer_ids), settings
+                assert on.stats.step_mode == "compiled"
+    assert compiles and lm.compile_seconds > 0 and {2, 4} <= {s[0] for s in lm.compiled.shapes}
 
 
 class FakeClock:
@@ -388,34 +411,3 @@ def test_a_step_past_a_fixed_cache_says_so():
     _feed(lm, cache, list(range(10, 22)), 0)
     with pytest.raises(RuntimeError, match="a 8-token step at slot 12 does not fit a cache of 16 slots"):
         _feed(lm, cache, list(range(30, 38)), 12)
-
-
-def test_no_step_compiles_inside_a_run(monkeypatch):
-    """Issue 22, finding 6: every shape a run meets is compiled before its clock starts. A backend
-    that counts dynamo's compiles (first compiles and recompiles alike; dynamo's eager backend
-    underneath) sees none once a run's first non-"compiling" event is out, runs of several row
-    counts in turn on one model (RSD's writers take the same path: see the compiled RSD test). It
-    caught SSR with 3 drafts making 4 compiles inside its run, for shapes the runs before it had
-    compiled beside buffers of fewer rows (dynamo guards those too: now part of a shape's key)."""
-    compiles = []
-
-    def counting(gm, example_inputs):
-        compiles.append(1)
-        return gm.forward
-
-    monkeypatch.setattr("engine.runtime.compiled.shutil.which", lambda _: "/usr/bin/c++")
-    target = make_model("llama", seed=1, init_scale=2.0)
-    target._steps = CompiledSteps(target.model, cuda_graphs=False, backend=counting)
-    small = dict(max_think=16, max_answer=10, max_draft=8, draft_start=2, max_step_tokens=6, compile="on")
-    runs = {  # a shape (rows, width, capacity) met first beside buffers of another row count: rows are guarded too
-        "baseline": lambda: decode_baseline(target, "Start with 7", RunConfig(**small)),
-        "ssr, lookups": lambda: decode_ssr(target, "Start with 7", RunConfig(**small, think_spec=2)),
-        "ssr, 3 drafts": lambda: decode_ssr(target, "Start with 7", RunConfig(**small, num_drafts=3, draft_interval=3)),
-    }
-    for name, run in runs.items():
-        before = None
-        for ev in run():
-            if before is None and getattr(ev, "phase", None) != "compiling":
-                before = len(compiles)
-        assert len(compiles) == before, f"{name}: {len(compiles) - before} compiles inside the run"
-    assert compiles  # the counter saw the compiles made before the runs
