@@ -18,6 +18,7 @@ from starlette.middleware import Middleware
 from engine.remote.model import check_backend
 from engine.runlog import RunLogError
 from engine.runtime.compiled import COMPILE_MODES
+from ssr_ui.export import MAX_TRACE_BYTES
 from ssr_ui.handlers import DEFAULT_DRAFT, DEFAULT_PRM, LOAD_TIMEOUT_S, MAX_RUN_S, Studio
 from ssr_ui.jobs import CancelRoute
 from ssr_ui.layout import build_app
@@ -45,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--compile", choices=COMPILE_MODES, default="auto",
                     help="compiled fixed-shape steps (torch.compile, CUDA graphs): auto = on CUDA only")
     ap.add_argument("--max-run-seconds", type=float, default=MAX_RUN_S, help="a run still going after this is stopped")
+    ap.add_argument("--max-cache-gb", type=float, default=None, help="refuse a run whose KV cache would take more "
+                    "(a Space's guard; the memory available is always checked)")
     return ap.parse_args(argv)
 
 
@@ -61,13 +64,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         check_backend(args.backend, args.base_url)
         studio = Studio(args.model, args.db, args.device, args.draft_model, args.prm, args.load_timeout,
-                        args.max_run_seconds, args.compile, servers(args))
+                        args.max_run_seconds, args.compile, servers(args), args.max_cache_gb)
     except (ValueError, RunLogError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     demo = build_app(studio)
     demo.queue(default_concurrency_limit=1).launch(
-        server_name=args.host, server_port=args.port, share=args.share, css=CSS,
+        server_name=args.host, server_port=args.port, share=args.share, css=CSS, max_file_size=MAX_TRACE_BYTES,
         app_kwargs={"middleware": [Middleware(CancelRoute, jobs=studio.jobs)]})  # per-job cancel (ssr_ui/jobs.py)
 
 

@@ -17,6 +17,7 @@ from engine.events import PhaseEvent, RunStats, StepEvent, TokenEvent
 from ssr_ui.render import LEGEND, TraceView, metrics_html
 
 FORMAT = "ssr-studio-trace/1"
+MAX_TRACE_BYTES = 20 * 2**20  # the largest upload (a trace to import) the studio accepts
 _KINDS = {"phase": PhaseEvent, "token": TokenEvent, "step": StepEvent}
 
 

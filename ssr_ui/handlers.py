@@ -80,9 +80,10 @@ class Studio(ModelShelf, PastRuns):
 
     def __init__(self, model: str | None = None, db: str = "runs.db", device: str | None = None,
                  draft_model: str = DEFAULT_DRAFT, prm: str = DEFAULT_PRM, load_timeout: float = LOAD_TIMEOUT_S,
-                 max_run_s: float = MAX_RUN_S, compile: str = "auto", servers: dict | None = None) -> None:
+                 max_run_s: float = MAX_RUN_S, compile: str = "auto", servers: dict | None = None,
+                 max_cache_gb: float | None = None) -> None:
         # models on vLLM servers, by name: a Server's fields (app --base-url, --draft-base-url, --prm-base-url)
-        ModelShelf.__init__(self, model or "tiny-reasoner", prm, device, load_timeout, servers)
+        ModelShelf.__init__(self, model or "tiny-reasoner", prm, device, load_timeout, servers, max_cache_gb)
         self.compile = RunConfig(compile=compile).compile  # the runs' compiled-steps default (app --compile)
         self.default_draft, self.max_run_s = draft_model, max_run_s
         self.log = RunLog(db)

@@ -51,9 +51,13 @@ class PastRuns:
 
     def import_trace(self, path: str) -> Frame:
         """Render a JSON trace file exported from any studio."""
-        from ssr_ui.export import run_from_json
+        from ssr_ui.export import MAX_TRACE_BYTES, run_from_json
 
         try:
+            size = Path(path).stat().st_size
+            if size > MAX_TRACE_BYTES:
+                raise ValueError(f"{Path(path).name} is {size / 2**20:.1f} MB: a trace import reads at most "
+                                 f"{MAX_TRACE_BYTES // 2**20} MB")
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
             raise ValueError(f"cannot read {Path(path).name}: {err}") from None

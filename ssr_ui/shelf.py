@@ -16,8 +16,10 @@ class ModelShelf:
     its :class:`~engine.wiring.Server`'s fields. Empty names mean the defaults given here."""
 
     def __init__(self, default_model: str, default_prm: str, device: str | None, load_timeout: float,
-                 servers: dict | None = None) -> None:
+                 servers: dict | None = None, max_cache_gb: float | None = None) -> None:
         self.default_model, self.default_prm = default_model, default_prm
+        # an operator's bound on one run's KV cache (app --max-cache-gb), checked before a run: a Space's guard
+        self.max_cache_bytes = None if max_cache_gb is None else int(max_cache_gb * 2**30)
         self.device, self.load_timeout = device, load_timeout
         self.servers = {name: Server(**s) for name, s in (servers or {}).items() if s.get("base_url")}
         self._models: dict[str, LoadedModel | RemoteModel] = {}
@@ -56,12 +58,15 @@ class ModelShelf:
             lm = load_role(name, self.device, self.servers.get(name))
             if isinstance(lm, LoadedModel):
                 lm.warm_up()  # in process: the first forward's one-off costs, before any timed run
+                lm.max_cache_bytes = self.max_cache_bytes
             return lm
 
         return self._loaded(name, self._models, load)
 
     def add_model(self, name: str, model: LoadedModel | RemoteModel) -> None:
         """Serve an already loaded ``model`` under ``name`` (scripts, tests, a caller's own model)."""
+        if isinstance(model, LoadedModel):
+            model.max_cache_bytes = self.max_cache_bytes
         with self._load_lock:
             self._models[name.strip()] = model
 

@@ -185,3 +185,33 @@ def test_trust_the_csv_export_honours_the_method_filter(studio):
     assert [r["method"] for r in csv.DictReader(text.splitlines())] == ["ssr"]
     text = Path(studio.export(None, "csv", "all")).read_text(encoding="utf-8")
     assert sorted(r["method"] for r in csv.DictReader(text.splitlines())) == ["baseline", "rsd", "ssr"]
+
+
+# ----------------------------------------------------------------------------- 9. memory and uploads
+
+def test_trust_a_run_whose_cache_would_not_fit_is_refused_with_the_estimate(tmp_path, monkeypatch):
+    """1,000 drafts once ran with a 5 GB cache; now the estimate (bytes per slot and row, measured
+    on the model's own cache by the probe) is checked against the operator's --max-cache-gb and the
+    memory available, before the run: a message, nothing logged, the studio still runs."""
+    from ssr_ui.handlers import Studio
+    from tests.tiny import make_model
+
+    studio = Studio("tiny", db=str(tmp_path / "runs.db"), max_cache_gb=0.001)
+    studio.add_model("tiny", make_model("llama", init_scale=3.0))
+    strip = list(studio.run("hello", "SSR", "tiny", **{**SMALL, "num_drafts": 400, "draft_interval": 1,
+                                                          "max_think": 420}))[-1].metrics
+    assert "KV cache would take" in strip and "401 rows" in strip and "--max-cache-gb (0.00 GB)" in strip
+    assert studio.history() == []
+    list(studio.run("hello", "SSR", "tiny", **SMALL))  # a run that fits still runs
+    assert studio.history()[0]["status"] == "ok"
+    monkeypatch.setattr("engine.runtime.model.available_bytes", lambda device: 1024)
+    strip = list(studio.run("hello", "Baseline", "tiny", **SMALL))[-1].metrics
+    assert "beyond the cpu memory available now" in strip
+
+
+def test_trust_an_oversized_trace_is_refused_before_it_is_read(studio, tmp_path, monkeypatch):
+    monkeypatch.setattr("ssr_ui.export.MAX_TRACE_BYTES", 1000)
+    big = tmp_path / "big.json"
+    big.write_text("x" * 5000)
+    with pytest.raises(ValueError, match=r"big.json is 0.0 MB: a trace import reads at most"):
+        studio.import_trace(str(big))

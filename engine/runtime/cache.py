@@ -66,6 +66,19 @@ def new_cache(config, capacity: int = 256, rows: int = 1, fixed: bool = False) -
     return SlotCache(config, capacity, rows, fixed)
 
 
+def available_bytes(device: torch.device) -> int | None:
+    """Memory a run's caches may take: the GPU's free memory, or the RAM the OS says is available
+    (Linux's MemAvailable); None where neither can be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+        return kib * 1024
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 def cache_mb(*caches) -> float:
     """MiB the caches' preallocated attention buffers hold."""
     return sum(getattr(c, "nbytes", 0) for c in caches) / 2**20

@@ -19,7 +19,16 @@ from pathlib import Path
 import torch
 
 from engine.presets import BUNDLED, BUNDLED_DIR, PRESETS, Preset
-from engine.runtime.cache import Checkpoint, crop, layout, new_cache, restore, seq_length, take_rows
+from engine.runtime.cache import (
+    Checkpoint,
+    available_bytes,
+    crop,
+    layout,
+    new_cache,
+    restore,
+    seq_length,
+    take_rows,
+)
 from engine.runtime.compiled import BUCKETS, CompiledSteps, bucket, compile_reason
 from engine.runtime.exact import ExactRefused, Invariance, exact_forwards, invariance
 from engine.runtime.rope import rope_of
@@ -27,6 +36,10 @@ from engine.runtime.rope import rope_of
 
 class ModelLoadError(RuntimeError):
     """A model could not be loaded; the message names the id and says why, without a traceback."""
+
+
+class MemoryRefused(ValueError):
+    """A run whose caches would not fit: the message gives the estimate and the limit."""
 
 
 class SSRUnsupportedError(ValueError):
@@ -121,6 +134,8 @@ class LoadedModel:
         # cached state are wrong, so they run as one-token forwards
         self.one_token_steps = False
         self._exact_check: Invariance | None = None  # exact mode's self-check on this model, once measured
+        self.max_cache_bytes: int | None = None  # an operator's bound on one cache (None: what is available)
+        self.slot_bytes: float | None = None  # KV bytes per slot per row, as measured on a cache of this model
 
     # ------------------------------------------------------------------ prompts
     def prompt_ids(self, user_text: str) -> list[int]:
@@ -181,6 +196,21 @@ class LoadedModel:
             self._steps = CompiledSteps(self.model, cuda_graphs=self.device.type == "cuda")
         self.compiled = self._steps if self.compile_why is None else None
 
+    def check_memory(self, capacity: int, rows: int) -> None:
+        """``MemoryRefused`` before a cache of these sizes is made, when its estimate (the bytes per
+        slot and row the capability probe measured on this model's own cache) is beyond
+        :attr:`max_cache_bytes` (an operator's limit, ``--max-cache-gb``) or the memory available."""
+        if self.slot_bytes is None:  # not measured yet (the capability probe measures it at load)
+            return
+        need = int(self.slot_bytes * capacity * rows)
+        free = available_bytes(self.device)
+        available = f"the {self.device.type} memory available now"
+        for limit, what in ((self.max_cache_bytes, "this studio's --max-cache-gb"), (free, available)):
+            if limit is not None and need > limit:
+                raise MemoryRefused(f"this run's KV cache would take {need / 2**30:.2f} GB ({rows} rows x {capacity} "
+                                    f"slots), beyond {what} ({limit / 2**30:.2f} GB): lower the budgets, the number "
+                                    "of drafts or reasoning lookups")
+
     def check_exact(self) -> Invariance:
         """Exact mode's self-check, run on this model before its first exact run and kept: row 0
         beside other rows and a token inside wider forwards, bitwise against the same token alone.
@@ -212,6 +242,7 @@ class LoadedModel:
         up to a power of two and the buffers reused by the next run of that size (compiled steps
         and CUDA graphs keep their shapes and addresses). Only one fixed cache of a size and
         ``role`` is live at a time: handing it out again empties it."""
+        self.check_memory(capacity if self.compiled is None else _fixed_capacity(capacity), rows)
         if self.compiled is None:
             return new_cache(self.model.config, capacity, rows)
         capacity = _fixed_capacity(capacity)

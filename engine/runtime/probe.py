@@ -188,7 +188,10 @@ def _prefilled(lm: LoadedModel, prefix: list[int]):
 def _reference(lm: LoadedModel, prefix: list[int], true: list[int]) -> torch.Tensor:
     """Logits ``[STEPS, V]`` after the prefix and each true token, fed one token a forward."""
     cache = _prefilled(lm, prefix)
-    return torch.stack([lm.step_logits([t], cache, len(prefix) + j)[0] for j, t in enumerate(true)]).double()
+    ref = torch.stack([lm.step_logits([t], cache, len(prefix) + j)[0] for j, t in enumerate(true)]).double()
+    if getattr(cache, "nbytes", 0):  # what one slot of one row costs, for the memory check before runs
+        lm.slot_bytes = cache.nbytes / (cache.capacity * cache.rows_capacity)
+    return ref
 
 
 def _diff(logits: torch.Tensor, ref: torch.Tensor) -> float:
