@@ -130,6 +130,11 @@ def rsd_dirs(tmp_path_factory):
 
 
 def test_bench_rsd_methods(rsd_dirs, prompts, tmp_path, capsys):
+    """RSD's methods through the bench: FLOPs, steps kept, ratios to the target, and (issue 22,
+    finding 5: the bench printed correct=True but logged NULL, so History's RSD chart never showed
+    accuracy) every run with a reference and a checker logged graded, as the JSON says."""
+    from ssr_ui import charts
+
     out, db = tmp_path / "rsd.json", tmp_path / "runs.db"
     code = bench.main(["--model", rsd_dirs["target"], "--draft-model", rsd_dirs["draft"], "--prm", rsd_dirs["prm"],
                        "--methods", "target,rsd,draft", "--prompts", str(prompts), "--out", str(out), "--db", str(db),
@@ -148,26 +153,12 @@ def test_bench_rsd_methods(rsd_dirs, prompts, tmp_path, capsys):
     assert "steps kept" in printed and " rsd: " in printed and "accepted 0 recovered 0" not in printed.split("rsd:")[1][:40]
     rows = RunLog(db).runs(method="rsd")
     assert rows and rows[0]["prm"] == rsd_dirs["prm"] and rows[0]["flops"] > 0
-
-
-def test_the_bench_logs_correct_and_history_charts_rsd_accuracy(rsd_dirs, prompts, tmp_path, capsys):
-    """Issue 22, finding 5: the bench printed correct=True but logged NULL, so History's RSD chart
-    never showed accuracy. Every run with a reference and a checker is logged graded, as the JSON says."""
-    from ssr_ui import charts
-
-    out, db = tmp_path / "rsd.json", tmp_path / "runs.db"
-    code = bench.main(["--model", rsd_dirs["target"], "--draft-model", rsd_dirs["draft"], "--prm", rsd_dirs["prm"],
-                       "--methods", "target,rsd", "--prompts", str(prompts), "--out", str(out), "--db", str(db),
-                       "--threshold", "0.5", "--max-think", "20", "--max-answer", "5", "--max-step-tokens", "4",
-                       "--warmup", "0"])
-    assert code == 0, capsys.readouterr().err
-    graded = {(r["method"], r["prompt_id"]): r["correct"] for r in json.loads(out.read_text())["runs"] if "correct" in r}
-    rows = RunLog(db).runs()
-    logged = {(r["method"], r["prompt_id"]): r["correct"] for r in rows}
+    graded = {(r["method"], r["prompt_id"]): r["correct"] for r in result["runs"] if "correct" in r}
+    every = RunLog(db).runs()
+    logged = {(r["method"], r["prompt_id"]): r["correct"] for r in every}
     assert graded and all(logged[k] == int(v) for k, v in graded.items())  # the graded prompt: logged graded
     assert logged[("rsd", "a")] is None  # no reference: nothing to grade
-    names = [t.name for t in charts.rsd_by_threshold(rows).data]
-    assert "RSD accuracy" in names
+    assert "RSD accuracy" in [t.name for t in charts.rsd_by_threshold(every).data]
 
 
 def test_a_wide_spread_is_said_not_hidden():

@@ -149,17 +149,18 @@ def invariance(lm, exact: bool = True) -> Invariance:
         ids = [(7919 * i + 13) % vocab for i in range(start + max(WIDTHS))]
         prefix, window = ids[:start], ids[start:]
         others = [[(t * 7 + 3) % vocab for t in window[:6]], [(t * 13 + 1) % vocab for t in window[:6]]]
-        alone = _beside(lm, prefix, [window[:6]])[0]
-        rows = {n: _max_diff(_beside(lm, prefix, [window[:6], *others[: n - 1]])[0], alone) for n in ROWS}
+        alone = beside(lm, prefix, [window[:6]])[0]
+        rows = {n: _max_diff(beside(lm, prefix, [window[:6], *others[: n - 1]])[0], alone) for n in ROWS}
         one_by_one = _one_by_one(lm, prefix, window)  # [max width, V]: each token alone after the ones before
-        widths = {k: _max_diff(_beside(lm, prefix, [window[:k]])[0], one_by_one[:k]) for k in WIDTHS}
+        wide = {k: beside(lm, prefix, [window[:k]])[0] for k in WIDTHS}  # [k, V]: the window in one forward
+        widths = {k: _max_diff(wide[k], one_by_one[:k]) for k in WIDTHS}
         layer = None
         if any(rows.values()):
             layer = _first_difference(lm, (prefix, [window[:6], *others[: max(ROWS) - 1]], slice(None)),
                                       (prefix, [window[:6]], slice(None)))
         elif any(widths.values()):
             k = next(k for k in WIDTHS if widths[k])
-            j = int(((_beside(lm, prefix, [window[:k]])[0] - one_by_one[:k]).abs().amax(-1) > 0).nonzero()[0])
+            j = int(((wide[k] - one_by_one[:k]).abs().amax(-1) > 0).nonzero()[0])
             layer = _first_difference(lm, (prefix, [window[:k]], slice(j, j + 1)),
                                       (prefix + window[:j], [window[j : j + 1]], slice(0, 1)))
         return Invariance(rows, widths, layer, time.perf_counter() - t0)
@@ -167,8 +168,9 @@ def invariance(lm, exact: bool = True) -> Invariance:
         lm.exact, lm.compiled, lm.compile_why = saved
 
 
-def _beside(lm, prefix: list[int], rows: list[list[int]]) -> torch.Tensor:
-    """Logits ``[rows, T, V]`` of ``rows`` fed together after a shared ``prefix``."""
+def beside(lm, prefix: list[int], rows: list[list[int]]) -> torch.Tensor:
+    """Logits ``[rows, T, V]`` of ``rows`` fed together after a shared ``prefix``, on the current
+    run's route (``engine.tools.gpu_check`` and the tests call it too)."""
     return lm.forward(torch.tensor(rows, device=lm.device), _prefilled(lm, prefix, len(rows)), len(prefix))
 
 

@@ -242,12 +242,13 @@ class LoadedModel:
         up to a power of two and the buffers reused by the next run of that size (compiled steps
         and CUDA graphs keep their shapes and addresses). Only one fixed cache of a size and
         ``role`` is live at a time: handing it out again empties it."""
-        self.check_memory(capacity if self.compiled is None else _fixed_capacity(capacity), rows)
         if self.compiled is None:
+            self.check_memory(capacity, rows)
             return new_cache(self.model.config, capacity, rows)
         capacity = _fixed_capacity(capacity)
         cache = self._fixed.get((capacity, rows, role))
-        if cache is None:
+        if cache is None:  # a reused fixed cache holds its memory already: only a new one is checked
+            self.check_memory(capacity, rows)
             cache = self._fixed[(capacity, rows, role)] = new_cache(self.model.config, capacity, rows, fixed=True)
         cache.empty()
         return cache

@@ -51,6 +51,7 @@ from engine.presets import BUNDLED_DIR, recommended_settings
 from engine.registry import decoder
 from engine.runtime.cache import crop, take_rows
 from engine.runtime.compiled import COMPILE_MODES
+from engine.runtime.exact import beside
 from engine.runtime.exact import invariance as exact_invariance
 from engine.runtime.model import (
     LoadedModel,
@@ -171,12 +172,10 @@ def compiled_vs_eager(device: torch.device, n: int, budgets: dict[str, RunConfig
 
 
 def logits_beside(lm: LoadedModel, rows: list[list[int]], prefix: list[int], exact: bool) -> torch.Tensor:
-    """Logits ``[rows, T, V]`` (float32) of ``rows`` fed together after a shared ``prefix``."""
+    """Logits ``[rows, T, V]`` (float32) of ``rows`` fed together after a shared ``prefix``, in a
+    run with ``exact`` on or off (exact mode's self-check runs first)."""
     lm.begin_run(exact)
-    cache = lm.new_cache()
-    lm.step_logits(prefix, cache, 0)
-    take_rows(cache, [0] * len(rows))
-    return lm.forward(torch.tensor(rows, device=lm.device), cache, len(prefix)).float()
+    return beside(lm, prefix, rows).float()
 
 
 def invariance(lm: LoadedModel, exact: bool) -> dict:
