@@ -72,6 +72,7 @@ class RunStats:
     rejected_lookup: int = 0  # tokens proposed from the prompt, reasoning or answer and not taken
     generated: int = 0  # answer tokens the model picked itself
     forward_calls: int = 0
+    answer_forwards: int = 0  # forwards of the target while the answer is written (its verifies, for SSR)
     tokens_per_s: float = 0.0  # (reasoning + answer tokens) / wall time
     peak_memory_mb: float | None = None  # the device's peak allocation during the run (CUDA)
     cache_mb: float | None = None  # the run's preallocated KV buffers (every row, every model), sized from its budgets

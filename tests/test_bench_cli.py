@@ -52,7 +52,7 @@ def test_bench_end_to_end(model_dir, prompts, tmp_path, capsys):
     logged = RunLog(db).runs(limit=100)
     assert len(logged) == 16 and {r["origin"] for r in logged} == {"bench"}
     printed = capsys.readouterr().out
-    assert "latency / baseline (median per prompt)" in printed and "latency IQR" in printed  # labelled, with spread
+    assert "latency / baseline (median per problem)" in printed and "latency IQR" in printed  # labelled, with spread
     lo, hi = summary["ssr"]["latency_iqr_s"]
     ssr = sorted(r["latency_s"] for r in result["runs"] if r["method"] == "ssr")
     assert ssr[0] <= lo <= summary["ssr"]["median_latency_s"] <= hi <= ssr[-1]
@@ -85,10 +85,10 @@ def test_bad_prompt_files(model_dir, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 1, "prompt": "ok"}\n{not json}\n')
     assert bench.main(["--model", str(model_dir), "--prompts", str(bad), "--out", str(tmp_path / "o.json")]) == 2
-    assert "bad.jsonl:2: not valid JSON" in capsys.readouterr().err
+    assert "bad.jsonl', line 2: not valid JSON" in capsys.readouterr().err
     bad.write_text('{"id": 1}\n')
     assert bench.main(["--model", str(model_dir), "--prompts", str(bad), "--out", str(tmp_path / "o.json")]) == 2
-    assert 'needs a non-empty string field "prompt"' in capsys.readouterr().err
+    assert "row 1: no question field (none of prompt, question" in capsys.readouterr().err
 
 
 def test_missing_models_name_the_id(tmp_path, monkeypatch):
@@ -170,7 +170,7 @@ def test_a_wide_spread_is_said_not_hidden():
             for p, (b, s) in enumerate([(1.0, 0.5), (1.0, 1.5), (1.0, 0.6), (1.0, 1.4)]) for m, t in (("baseline", b), ("ssr", s))]
     summary = bench.summarize(runs, greedy=True)
     warnings = bench.spread_warnings(summary)
-    assert any(w.startswith("ssr: per-prompt latency ratios spread") for w in warnings)
+    assert any(w.startswith("ssr: per-problem latency ratios spread") for w in warnings)
     calm = bench.summarize([{**r, "latency_s": 1.0 if r["method"] == "baseline" else 0.7} for r in runs], greedy=True)
     assert bench.spread_warnings(calm) == []
 

@@ -105,6 +105,8 @@ class Recorder:
     def forward(self, n: int = 1, tokens: int = 0) -> None:
         """``n`` forwards of the target, ``tokens`` token positions in all (for its FLOPs)."""
         self.stats.forward_calls += n
+        if self._phase == "answer":
+            self.stats.answer_forwards += n
         self.stats.target_tokens += tokens
 
     # ------------------------------------------------------------------ end

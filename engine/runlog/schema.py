@@ -9,7 +9,7 @@ import sqlite_utils
 
 from engine.events import RunStats
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
 def _migrate_1(db: sqlite_utils.Database) -> None:
@@ -69,8 +69,15 @@ def _migrate_8(db: sqlite_utils.Database) -> None:
     _add_columns(db["runs"], _stats_columns())
 
 
+def _migrate_9(db: sqlite_utils.Database) -> None:
+    """Version 9 (benchmarks): the dataset a run's prompt came from, and the target's forwards while
+    writing the answer (SSR's tokens per verify)."""
+    _add_columns(db["runs"], {"dataset": str, **_stats_columns()})
+    db["runs"].create_index(["dataset"], if_not_exists=True)
+
+
 MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6, 7: _migrate_7,
-              8: _migrate_8}
+              8: _migrate_8, 9: _migrate_9}
 
 
 def _stats_columns() -> dict:
@@ -80,14 +87,14 @@ def _stats_columns() -> dict:
 
 EVENT_COLUMNS = ("run_id", "seq", "kind", "stream", "status", "token_id", "text", "position", "draft", "source",
                  "match_len", "t", "phase", "at_token", "reward", "accepted", "confidence")
-INDEXES = {("method",), ("prompt_hash",)}
+INDEXES = {("method",), ("prompt_hash",), ("dataset",)}
 
 
 def expected_run_columns() -> set[str]:
     """Every column this version writes into ``runs``."""
     base = {"id", "created_at", "method", "model", "prompt", "prompt_hash", "config", "status", "error", "draft_model",
             "prm", "prompt_id", "reference", "correct", "origin", "device", "versions", "reasoning_text", "answer_text",
-            "dtype", "think_end"}
+            "dtype", "think_end", "dataset"}
     return base | set(_stats_columns())
 
 

@@ -72,6 +72,7 @@ class RunMeta:
     device: str = "cpu"
     dtype: str | None = None  # the target's precision, e.g. "float32"
     think_end: str | None = None  # the text of the model's end-of-thinking marker
+    dataset: str | None = None  # the benchmark the prompt came from (a file's name, or a Hub dataset)
 
 
 def prompt_hash(prompt: str) -> str:
@@ -231,7 +232,8 @@ class RunLog:
             "method": meta.method, "model": meta.model, "draft_model": meta.draft_model, "prm": meta.prm,
             "prompt": meta.prompt, "prompt_hash": prompt_hash(meta.prompt), "prompt_id": meta.prompt_id,
             "reference": meta.reference, "correct": None if correct is None else int(correct),
-            "origin": meta.origin, "device": meta.device, "dtype": meta.dtype, "think_end": meta.think_end, "config": json.dumps(meta.config, sort_keys=True),
+            "origin": meta.origin, "device": meta.device, "dtype": meta.dtype, "think_end": meta.think_end,
+            "dataset": meta.dataset, "config": json.dumps(meta.config, sort_keys=True),
             "status": status, "error": error, "versions": json.dumps(library_versions()),
             "reasoning_text": done.reasoning_text if done else stream_text(events, "reasoning"),
             "answer_text": done.answer_text if done else stream_text(events, "answer"),

@@ -1,39 +1,45 @@
-"""Benchmark CLI: methods side by side on the same prompts, interleaved, with ratios to baseline.
+"""Benchmark CLI: methods side by side on the same problems, interleaved, graded, with ratios to baseline.
 
-    python -m engine.tools.bench --model PATH_OR_ID --methods baseline,ssr,hf,hf-pld \\
-        --prompts FILE.jsonl --out results.json [--db runs.db] [--draft-start N] [--max-think N]
-        [--max-draft N] [--max-answer N] [--num-drafts N] [--draft-interval N] [--temperature T]
-        [--seed S] [--repeat R] [--device D]
+    python -m engine.tools.bench --model PATH_OR_ID --methods baseline,ssr,rsd,target \\
+        --dataset FILE_OR_HUB_NAME [--limit N] [--sample-seed S] [--question-field F] [--answer-field F]
+        [--task math|choice|code|free] [--template T] [--grader module:function]
+        --out results.json [--csv runs.csv] [--db runs.db] [--repeat R] [--device D] [run settings]
 
-Prompts are JSON lines ``{"id": ..., "prompt": ..., "reference": optional, "suite": optional}``;
-each prompt is the user message, templated by the engine. For every prompt and repeat the methods
-run one after another (A B A B ...), so ratios hold on a noisy machine. ``results.json`` holds
-``{"runs": [...], "summary": [...]}``: per method the median latency and its IQR, the median of
-per-prompt latency ratios to ``baseline`` (per prompt, the median over repeats) and their IQR, for
-RSD's methods the same to ``target`` (and FLOPs), steps kept, the accuracy where a checker applies
-(also logged as ``correct`` with ``--db``), and for greedy runs how many answers equal baseline's.
-A spread too wide to read a ratio at face value is printed as a warning.
+Problems come from a local file (JSON lines, JSON, CSV, Parquet) or a Hugging Face dataset
+(``HuggingFaceH4/MATH-500:test``, ``openai/gsm8k:main:test``, or a preset: ``gsm8k``, ``math500``,
+``aime24``): ``engine.benchmarks.problems``. ``--prompts FILE.jsonl`` is the bundled suites' form
+(``{"id", "prompt", "reference", "suite"}``, from ``python -m engine.tools.synthetic``). Answers are
+graded by task (``engine.benchmarks.grading``: math-verify, option letter, agreement with baseline,
+the bundled suites' checkers, or your ``--grader``). For every problem and repeat the methods run one
+after another, baseline first (A B A B ...), after an untimed warm-up, so ratios hold on a noisy
+machine. ``results.json`` holds ``{"runs": [...], "summary": [...]}``; the summary
+(``engine.benchmarks.summary``) gives per method accuracy with its Wilson 95% interval, latency and
+tokens/s with their IQR, the median of per-problem latency and FLOPs ratios to ``baseline`` (RSD's
+also to ``target``) with their IQR, answer tokens per forward (Spec-Bench's mean accepted tokens),
+accepted and recovered tokens, steps kept, and for greedy runs how many answers equal baseline's.
+Every run is logged (``--db``) with its dataset and ``correct``. A spread too wide to read a ratio at
+face value is printed as a warning.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
+from engine.benchmarks.grading import Grader, load_grader
+from engine.benchmarks.problems import ANSWER_FIELDS, PRESETS, QUESTION_FIELDS, TASKS, Problem, Source, load_problems
+from engine.benchmarks.runner import Bench
+from engine.benchmarks.summary import format_table, spread_warnings, summarize, write_csv
 from engine.config import RunConfig, field_help
-from engine.events import DoneEvent
 from engine.methods.rsd.loop import RSD_METHODS
-from engine.registry import METHODS, SINGLE_MODEL, check_method, decoder
+from engine.registry import METHODS, check_method, decoder
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel, check_backend
-from engine.runlog import RunLog, RunMeta
+from engine.runlog import RunLog
 from engine.runtime.compiled import COMPILE_MODES
 from engine.runtime.model import ModelLoadError, SSRUnsupportedError
-from engine.tools.agreement import agreement
-from engine.tools.synthetic import check
 from engine.wiring import Server, load_role, load_scorer, run_config
 
 # CLI flag -> RunConfig field; a flag left out keeps the config's own default
@@ -44,63 +50,33 @@ CONFIG_FLAGS = {"draft_start": int, "max_think": int, "max_draft": int, "max_ans
                 "max_step_tokens": int}
 
 
-def read_prompts(path: str) -> list[dict]:
-    """Validated prompt records; a clear ValueError names the line that is wrong."""
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"prompts file {path!r} does not exist")
-    prompts = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{n}: not valid JSON ({err.msg})") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str) or not rec["prompt"].strip():
-            raise ValueError(f"{path}:{n}: each line needs a non-empty string field \"prompt\"")
-        rec.setdefault("id", str(n))
-        rec["id"] = str(rec["id"])
-        prompts.append(rec)
-    if not prompts:
-        raise ValueError(f"prompts file {path!r} has no prompts")
-    return prompts
+def add_source_args(ap: argparse.ArgumentParser, required: bool = True) -> None:
+    """The flags that name a benchmark's problems (the bench's and rsd_sweep's)."""
+    src = ap.add_mutually_exclusive_group(required=required)
+    src.add_argument("--dataset", help="a local file (.jsonl, .json, .csv, .parquet) or a Hugging Face dataset "
+                     "NAME[:CONFIG][:SPLIT] (e.g. HuggingFaceH4/MATH-500:test, openai/gsm8k:main:test) or a preset: "
+                     + ", ".join(PRESETS))
+    src.add_argument("--prompts", help='JSON lines: {"id", "prompt", "reference" (optional), "suite" (optional: '
+                     'classes / arithmetic, for their checker)}; python -m engine.tools.synthetic writes some')
+    ap.add_argument("--question-field", default=None, help=f"the field holding the question (default: the preset's, "
+                    f"else the first of {', '.join(QUESTION_FIELDS)})")
+    ap.add_argument("--answer-field", default=None, help=f"the field holding the reference (default: the preset's, "
+                    f"else the first of {', '.join(ANSWER_FIELDS)}; a worked solution's '#### N' or last \\boxed{{}} is taken)")
+    ap.add_argument("--task", choices=TASKS, default=None, help="how answers are graded: math (math-verify), choice "
+                    "(option letter), code / free (agreement with baseline); default: the preset's, a row's suite, "
+                    "math with a reference, else free")
+    ap.add_argument("--template", default=None, help="the prompt, with {question} (and {choices}); default: the "
+                    "preset's, else the question as it is")
+    ap.add_argument("--limit", type=int, default=None, help="at most this many problems (a Hub dataset streams them)")
+    ap.add_argument("--sample-seed", type=int, default=None, help="with --limit: a random sample with this seed "
+                    "(default: the first rows)")
 
 
-def run_one(models: dict, method: str, prompt: dict, cfg: RunConfig, repeat: int, log: RunLog | None) -> dict:
-    lm = models["target"]
-    decode = decoder(method, lm, models.get("draft"), models.get("scorer"))
-    rsd = method in RSD_METHODS
-    reference = prompt.get("reference")
-    grade = None if reference is None else (lambda answer: check(prompt.get("suite"), answer, str(reference)))
-    meta = RunMeta(method, lm.model_id, prompt["prompt"], cfg.to_dict(), prompt_id=prompt["id"], grade=grade,
-                   draft_model=models["draft"].model_id if rsd and method != "target" else None,
-                   prm=models["prm_name"] if method == "rsd" else None,
-                   reference=prompt.get("reference"), origin="bench", device=getattr(lm, "backend", str(lm.device)),
-                   dtype=lm.dtype, think_end=lm.tokenizer.decode([lm.markers.close_id]) if lm.markers else None)
-    stream = decode(prompt["prompt"], cfg)
-    events = list(log.record(stream, meta) if log else stream)
-    done: DoneEvent = events[-1]
-    stats = done.stats.to_dict()  # every RunStats field, named as in the runs table
-    run = {"prompt_id": prompt["id"], "repeat": repeat, "latency_s": stats["wall_s"], **stats, "method": method,
-           "answer_text": done.answer_text, "answer_token_ids": done.answer_ids,
-           "reasoning_token_ids": done.reasoning_ids}
-    if grade is not None and (correct := grade(done.answer_text)) is not None:
-        run["correct"] = correct
-    return run
-
-
-def add_agreement(lm, prompt: str, batch: list[dict]) -> None:
-    """Greedy runs of one prompt: each single-model method's agreement with ``baseline`` ("identical",
-    or where it diverged and the top-2 logit margin there), so numerics read as numerics."""
-    base = next((r for r in batch if r["method"] == "baseline"), None)
-    if base is None:
-        return
-    base_ids = base["reasoning_token_ids"] + base["answer_token_ids"]
-    for r in batch:
-        if r["method"] in SINGLE_MODEL and r["method"] != "baseline":
-            a = agreement(lm, prompt, base_ids, r["reasoning_token_ids"] + r["answer_token_ids"])
-            r.update(agreement=str(a), diverged_at=a.diverged_at, margin=a.margin)
+def problems_from_args(args: argparse.Namespace) -> tuple[list[Problem], str]:
+    """The problems and the label runs are logged under."""
+    source = Source(args.dataset or args.prompts, args.question_field, args.answer_field, args.task, args.template,
+                    args.limit, args.sample_seed)
+    return load_problems(source), source.label
 
 
 def _tokens_line(r: dict) -> str:
@@ -110,104 +86,20 @@ def _tokens_line(r: dict) -> str:
     return f"accepted {r['accepted']} recovered {r['recovered']}"
 
 
-def _iqr(xs: list[float]) -> tuple[float, float]:
-    """The quartiles (q1, q3); a single value is its own spread."""
-    if len(xs) < 2:
-        return xs[0], xs[0]
-    q = statistics.quantiles(xs, n=4, method="inclusive")
-    return q[0], q[2]
-
-
-WIDE = 0.25  # a ratio's IQR wider than this, or a latency IQR wider than this share of its median: say so
-
-
-def spread_warnings(summary: list[dict]) -> list[str]:
-    """Where the spread is too wide for a ratio to be read at face value (a loaded machine)."""
-    out = []
-    for row in summary:
-        for key in ("latency_ratio_iqr_to_baseline", "latency_ratio_iqr_to_target"):
-            if key in row and row[key][1] - row[key][0] > WIDE:
-                out.append(f"{row['method']}: per-prompt latency ratios spread {row[key][0]:.2f}-{row[key][1]:.2f} "
-                           "(IQR): rerun with --repeat, on an idle machine")
-        lo, hi = row["latency_iqr_s"]
-        if row["median_latency_s"] and (hi - lo) / row["median_latency_s"] > 2 * WIDE:
-            out.append(f"{row['method']}: latencies spread {lo:.3f}-{hi:.3f} s (IQR) around {row['median_latency_s']:.3f} s")
-    return out
-
-
-def _ratios(by: dict, m: str, ref: str, prompts: list, key: str) -> list[float]:
-    """Per prompt, the median over repeats of ``m``'s ``key`` over ``ref``'s."""
-    return [statistics.median(r[key] for r in by[(m, p)]) / statistics.median(r[key] for r in by[(ref, p)])
-            for p in prompts if (m, p) in by and (ref, p) in by and all(r[key] for r in by[(ref, p)])]
-
-
-def summarize(runs: list[dict], greedy: bool) -> list[dict]:
-    methods = list(dict.fromkeys(r["method"] for r in runs))
-    by = {}
-    for r in runs:
-        by.setdefault((r["method"], r["prompt_id"]), []).append(r)
-    prompts = list(dict.fromkeys(r["prompt_id"] for r in runs))
-    summary = []
-    for m in methods:
-        mine = [r for r in runs if r["method"] == m]
-        row = {"method": m, "runs": len(mine),
-               "median_latency_s": statistics.median(r["latency_s"] for r in mine),
-               "latency_iqr_s": _iqr([r["latency_s"] for r in mine]),
-               "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in mine)}
-        for ref in ("baseline", "target"):  # RSD's benches compare with the target alone
-            if ref in methods and (ref == "baseline" or m in RSD_METHODS):
-                ratios = _ratios(by, m, ref, prompts, "latency_s")
-                row[f"median_latency_ratio_to_{ref}"] = statistics.median(ratios)
-                row[f"latency_ratio_iqr_to_{ref}"] = _iqr(ratios)
-        if "baseline" in methods and greedy:
-            row["answers_equal_baseline"] = sum(
-                by[(m, p)][0]["answer_token_ids"] == by[("baseline", p)][0]["answer_token_ids"] for p in prompts)
-        if "target" in methods:
-            ratios = _ratios(by, m, "target", prompts, "flops") if m in RSD_METHODS else []
-            if ratios:
-                row["median_flops_ratio_to_target"] = statistics.median(ratios)
-            row["median_flops"] = statistics.median(r["flops"] for r in mine)
-        steps = sum(r["steps_accepted"] + r["steps_rejected"] for r in mine)
-        if m in RSD_METHODS and steps:
-            row["fraction_steps_accepted"] = sum(r["steps_accepted"] for r in mine) / steps
-        checked = [r["correct"] for r in mine if "correct" in r]
-        if checked:
-            row["accuracy"] = sum(checked) / len(checked)
-        step_ratios = [r["step_s_drafting"] / r["step_s_alone"] for r in mine if r["step_s_drafting"] and r["step_s_alone"]]
-        if step_ratios:
-            row["median_step_ratio_with_draft"] = statistics.median(step_ratios)
-        row["median_accepted"] = statistics.median(r["accepted"] for r in mine)
-        row["median_recovered"] = statistics.median(r["recovered"] for r in mine)
-        summary.append(row)
-    return summary
-
-
-def format_table(summary: list[dict]) -> str:
-    cols = [("method", "method", "{}"), ("median_latency_s", "latency s (median)", "{:.3f}"),
-            ("latency_iqr_s", "latency IQR", "{0[0]:.3f}-{0[1]:.3f}"),
-            ("median_latency_ratio_to_baseline", "latency / baseline (median per prompt)", "{:.3f}"),
-            ("latency_ratio_iqr_to_baseline", "its IQR", "{0[0]:.2f}-{0[1]:.2f}"),
-            ("median_latency_ratio_to_target", "latency / target (median per prompt)", "{:.3f}"),
-            ("median_tokens_per_s", "tok/s", "{:.1f}"),
-            ("median_accepted", "accepted", "{:.0f}"), ("median_recovered", "recovered", "{:.0f}"),
-            ("answers_equal_baseline", "= baseline", "{}"), ("accuracy", "accuracy", "{:.1%}"),
-            ("median_step_ratio_with_draft", "step x draft", "{:.2f}"),
-            ("median_flops_ratio_to_target", "FLOPs / target (median per prompt)", "{:.3f}"),
-            ("fraction_steps_accepted", "steps kept", "{:.1%}")]
-    cols = [c for c in cols if any(c[0] in row for row in summary)]
-    cells = [[h for _, h, _ in cols]] + [[f.format(row[k]) if row.get(k) is not None else "-" for k, _, f in cols]
-                                          for row in summary]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells)
+def progress_bar(done: int, total: int, width: int = 24) -> str:
+    filled = round(width * done / total) if total else width
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done:>{len(str(total))}}/{total}"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m engine.tools.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny-reasoner", help="bundled name, preset, local folder or Hub id")
     ap.add_argument("--methods", default="baseline,ssr", help=f"comma-separated, from {','.join(METHODS)}")
-    ap.add_argument("--prompts", required=True, help='JSON lines: {"id", "prompt", "reference" (optional), '
-                    '"suite" (optional: classes / arithmetic, for the checker)}; python -m engine.tools.synthetic writes some')
+    add_source_args(ap)
     ap.add_argument("--out", required=True, help="results JSON: every run and the summary table")
+    ap.add_argument("--csv", default=None, help="also write one row per run to this CSV file")
+    ap.add_argument("--grader", default=None, help="grade every answer with your module:function(answer, reference) "
+                    "-> True / False / None instead")
     ap.add_argument("--db", default=None, help="also log every run to this SQLite file")
     ap.add_argument("--repeat", type=int, default=1, help="timed runs per prompt and method, interleaved (default: 1)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs before measuring")
@@ -260,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--repeat={args.repeat} must be >= 1")
         flags = {k: getattr(args, k) for k in (*CONFIG_FLAGS, "exact", "compile") if getattr(args, k) is not None}
         cfg = run_config(args.model, flags)
-        prompts = read_prompts(args.prompts)
+        problems, dataset = problems_from_args(args)
+        grader = Grader(load_grader(args.grader) if args.grader else None)
         log = RunLog(args.db) if args.db else None
         if args.random_weights and set(methods) & {"rsd", "target", "draft"}:
             raise ValueError("--random-weights measures single-model methods; RSD needs trained models")
@@ -283,31 +176,33 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ModelLoadError, SSRUnsupportedError, BackendError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    bench = Bench(models, methods, cfg, grader, log, dataset, in_process=not args.base_url)
     for _ in range(args.warmup):
-        for m in methods:
-            list(decoder(m, lm, models.get("draft"), models.get("scorer"))(prompts[0]["prompt"], cfg))
+        bench.warm_up(problems[0])
     compiled = [m for m in (lm, models.get("draft")) if getattr(m, "compiled", None) is not None]
     if compiled:  # the warm-up compiled them; no run's latency holds compile time (see RunStats.compile_s)
         print(f"compiled {sum(len(m.compiled.shapes) for m in compiled)} step shapes in "
               f"{sum(m.compile_seconds for m in compiled):.1f} s (before any timed run)", flush=True)
-    runs = []
-    for prompt in prompts:
-        for rep in range(args.repeat):
-            batch = []
-            for m in methods:
-                batch.append(run_one(models, m, prompt, cfg, rep, log))
-                r = batch[-1]
-                print(f"  {prompt['id']:>14} r{rep} {m:>8}: {r['latency_s']:.3f}s  {_tokens_line(r)}"
-                      + (f"  correct={r['correct']}" if "correct" in r else ""), flush=True)
-            if cfg.greedy and not args.base_url:  # agreement reads logits in process
-                add_agreement(lm, prompt["prompt"], batch)
-            runs += batch
+    runs, total = [], bench.total(problems, args.repeat)
+    print(f"{dataset}: {len(problems)} problems x {args.repeat} repeat(s) x {len(bench.methods)} methods", flush=True)
+    for r in bench.runs(problems, args.repeat):
+        runs.append(r)
+        print(f"{progress_bar(len(runs), total)} {r['prompt_id']:>14} r{r['repeat']} {r['method']:>8}: "
+              f"{r['latency_s']:.3f}s  {_tokens_line(r)}" + (f"  correct={r['correct']}" if "correct" in r else ""),
+              flush=True)
     summary = summarize(runs, cfg.greedy)
-    Path(args.out).write_text(json.dumps({"model": args.model, "config": cfg.to_dict(), "step_mode": next((r["step_mode"] for r in runs if r["step_mode"]), None),
-                                          "compile_s": getattr(lm, "compile_seconds", 0.0), "runs": runs, "summary": summary}, indent=1))
+    Path(args.out).write_text(json.dumps({"model": args.model, "dataset": dataset, "config": cfg.to_dict(),
+                                          "step_mode": next((r["step_mode"] for r in runs if r["step_mode"]), None),
+                                          "compile_s": getattr(lm, "compile_seconds", 0.0), "runs": runs,
+                                          "summary": summary}, indent=1))
+    if args.csv:
+        write_csv(args.csv, runs)
     print(format_table(summary))
     for warning in spread_warnings(summary):
         print(f"warning: {warning}")
+    if grader._math is not None and grader.math.timeouts:
+        print(f"warning: {grader.math.timeouts} answer(s) took longer than {grader.math.timeout_s:.0f} s to grade "
+              "and were graded wrong")
     for r in runs:
         if r.get("agreement", "identical") != "identical":
             print(f"  {r['method']} on {r['prompt_id']} r{r['repeat']}: {r['agreement']}")

@@ -1,6 +1,6 @@
 """RSD threshold sweep: accuracy, fraction of draft steps kept and FLOPs against the threshold.
 
-    python -m engine.tools.rsd_sweep --prompts arithmetic.jsonl --thresholds 0.5,0.6,0.7,0.8,0.9 \\
+    python -m engine.tools.rsd_sweep --prompts arithmetic.jsonl (or --dataset, as the bench takes it) --thresholds 0.5,0.6,0.7,0.8,0.9 \\
         --out rsd-sweep.json [--html rsd-sweep.html] [--model tiny-reasoner]
         [--draft-model tiny-reasoner-draft] [--prm tiny-prm] [--db runs.db]
 
@@ -17,9 +17,10 @@ import statistics
 import sys
 from pathlib import Path
 
+from engine.benchmarks.runner import Bench
 from engine.runlog import RunLog
 from engine.runtime.model import ModelLoadError
-from engine.tools.bench import read_prompts, run_one
+from engine.tools.bench import add_source_args, problems_from_args
 from engine.wiring import load_role, load_scorer, run_config
 
 
@@ -68,7 +69,7 @@ def chart(rows: list[dict]):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.tools.rsd_sweep", description=__doc__.split("\n")[0])
-    ap.add_argument("--prompts", required=True)
+    add_source_args(ap)
     ap.add_argument("--thresholds", default="0.5,0.6,0.7,0.8,0.9")
     ap.add_argument("--out", required=True)
     ap.add_argument("--html", default=None)
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             flags["draft_confidence"] = args.draft_confidence
         base = run_config(args.model, flags)
         configs = {t: base.replace(threshold=t) for t in thresholds}
-        prompts = read_prompts(args.prompts)
+        problems, dataset = problems_from_args(args)
         target = load_role(args.model)
         models = {"target": target, "draft": load_role(args.draft_model, target=target),
                   "scorer": load_scorer(args.prm), "prm_name": args.prm}
@@ -102,11 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log = RunLog(args.db) if args.db else None
     runs = []
-    for prompt in prompts:
-        runs.append(run_one(models, "target", prompt, base, 0, log))
-        for t, cfg in configs.items():
-            runs.append({**run_one(models, "rsd", prompt, cfg, 0, log), "threshold": t})
-        print(f"  {prompt['id']} done", flush=True)
+    benches = {t: Bench(models, ["rsd"], cfg, log=log, dataset=dataset) for t, cfg in configs.items()}
+    target = Bench(models, ["target"], base, log=log, dataset=dataset)
+    for problem in problems:
+        runs.append(target.run_one("target", problem, 0))
+        for t, bench in benches.items():
+            runs.append({**bench.run_one("rsd", problem, 0), "threshold": t})
+        print(f"  {problem.id} done", flush=True)
     rows = sweep_rows(runs, thresholds)
     Path(args.out).write_text(json.dumps({"runs": runs, "summary": rows}, indent=1))
     if args.html:

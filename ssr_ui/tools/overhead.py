@@ -16,8 +16,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from engine.benchmarks.problems import Source, load_problems
 from engine.registry import decoder
-from engine.tools.bench import read_prompts
 from ssr_ui.handlers import METHOD_NAMES, Studio
 
 
@@ -37,16 +37,16 @@ def main(argv: list[str] | None = None) -> None:
     lm = studio.model(args.model)
     cfg = studio.config(args.model)
     decode = decoder(METHOD_NAMES[args.method], lm)
-    prompts = read_prompts(args.prompts)
-    list(decode(prompts[0]["prompt"], cfg))  # warm-up, untimed
+    prompts = load_problems(Source(args.prompts))
+    list(decode(prompts[0].prompt, cfg))  # warm-up, untimed
     ratios = []
     for prompt in prompts:
         for _ in range(args.repeat):
-            alone = list(decode(prompt["prompt"], cfg))[-1].stats.tokens_per_s
-            list(studio.run(prompt["prompt"], args.method, args.model))
+            alone = list(decode(prompt.prompt, cfg))[-1].stats.tokens_per_s
+            list(studio.run(prompt.prompt, args.method, args.model))
             through_ui = studio.history(limit=1)[0]["tokens_per_s"]
             ratios.append(through_ui / alone)
-            print(f"{prompt['id']}: engine {alone:.1f} tok/s, studio {through_ui:.1f} tok/s, "
+            print(f"{prompt.id}: engine {alone:.1f} tok/s, studio {through_ui:.1f} tok/s, "
                   f"ratio {through_ui / alone:.3f}", flush=True)
     print(f"median tokens/s ratio, studio / engine alone: {statistics.median(ratios):.3f} over {len(ratios)} pairs")
 

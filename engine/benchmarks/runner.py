@@ -1,0 +1,125 @@
+"""The benchmark loop the bench CLI and the studio's Benchmark tab share: on every problem and
+repeat the methods run one after another (baseline first, so agreement can grade the others), so
+ratios hold on a noisy machine; every run is logged with its dataset and grade. A warm-up runs each
+method once, unlogged, before anything is timed (warm-up is not a measurement)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from engine.benchmarks.grading import Grader
+from engine.benchmarks.problems import Problem
+from engine.config import RunConfig
+from engine.events import DoneEvent
+from engine.methods.rsd.loop import RSD_METHODS
+from engine.registry import SINGLE_MODEL, decoder
+from engine.runlog import RunLog, RunMeta
+from engine.tools.agreement import agreement
+
+# the studio wraps each run's events (its job's claim on the run's end): (events, last run) -> events
+Wrap = Callable[[Iterable, bool], Iterable]
+
+
+@dataclass
+class Bench:
+    """``models``: ``target`` (and RSD's ``draft``, ``scorer``, ``prm_name``); ``dataset``: the
+    label runs are logged under; ``origin``: "bench" or "app"."""
+
+    models: dict
+    methods: list[str]
+    cfg: RunConfig
+    grader: Grader = field(default_factory=Grader)
+    log: RunLog | None = None
+    dataset: str | None = None
+    origin: str = "bench"
+    in_process: bool = True  # greedy runs' agreement with baseline reads logits in process
+
+    def __post_init__(self) -> None:
+        self.methods = sorted(dict.fromkeys(self.methods), key=lambda m: m != "baseline")
+
+    def total(self, problems: list[Problem], repeat: int) -> int:
+        return len(problems) * repeat * len(self.methods)
+
+    def warm_up(self, problem: Problem) -> None:
+        """Each method once on ``problem``, unlogged and untimed (compiles, caches, first-call costs)."""
+        for m in self.methods:
+            list(self._decode(m)(problem.prompt, self.cfg))
+
+    def _decode(self, method: str):
+        m = self.models
+        return decoder(method, m["target"], m.get("draft"), m.get("scorer"))
+
+    def runs(self, problems: list[Problem], repeat: int = 1, stop: Callable[[], bool] | None = None,
+             wrap: Wrap | None = None) -> Iterator[dict]:
+        """Every run's result, as it finishes; stops (the run in flight logged ``cancelled``, not
+        yielded) when ``stop()`` turns true."""
+        last = (len(problems) - 1, repeat - 1, self.methods[-1])
+        for i, problem in enumerate(problems):
+            for rep in range(repeat):
+                batch: list[dict] = []
+                base = None
+                for m in self.methods:
+                    run = self.run_one(m, problem, rep, base, stop, wrap, last=(i, rep, m) == last)
+                    if run is None:
+                        return
+                    base = run["answer_text"] if m == "baseline" else base
+                    batch.append(run)
+                if self.cfg.greedy and self.in_process:
+                    add_agreement(self.models["target"], problem.prompt, batch)
+                yield from batch
+
+    def run_one(self, method: str, problem: Problem, repeat: int, baseline_answer: str | None = None,
+                stop: Callable[[], bool] | None = None, wrap: Wrap | None = None, last: bool = True) -> dict | None:
+        models, lm = self.models, self.models["target"]
+        rsd = method in RSD_METHODS
+
+        graded: dict[str, bool | None] = {}  # the log's grade and the result's: graded once
+
+        def grade(answer: str) -> bool | None:
+            if answer not in graded:
+                graded[answer] = self.grader.grade(problem, method, answer, baseline_answer)
+            return graded[answer]
+
+        meta = RunMeta(method, lm.model_id, problem.prompt, self.cfg.to_dict(), prompt_id=problem.id, grade=grade,
+                       draft_model=models["draft"].model_id if rsd and method != "target" else None,
+                       prm=models.get("prm_name") if method == "rsd" else None, reference=problem.reference,
+                       origin=self.origin, device=getattr(lm, "backend", str(lm.device)), dtype=lm.dtype,
+                       think_end=lm.tokenizer.decode([lm.markers.close_id]) if lm.markers else None,
+                       dataset=self.dataset)
+        stream = self._decode(method)(problem.prompt, self.cfg)
+        if wrap is not None:
+            stream = wrap(stream, last)
+        events = self.log.record(stream, meta) if self.log else iter(stream)
+        done: DoneEvent | None = None
+        try:
+            for ev in events:
+                if isinstance(ev, DoneEvent):
+                    done = ev
+                elif stop is not None and stop():
+                    break
+        finally:
+            getattr(events, "close", lambda: None)()  # a stop logs the run in flight as cancelled
+        if done is None:
+            return None
+        stats = done.stats.to_dict()  # every RunStats field, named as in the runs table
+        run = {"prompt_id": problem.id, "repeat": repeat, "latency_s": stats["wall_s"], **stats, "method": method,
+               "dataset": self.dataset, "task": problem.task, "graded_by": self.grader.how(problem),
+               "reference": problem.reference, "answer_text": done.answer_text, "answer_token_ids": done.answer_ids,
+               "reasoning_token_ids": done.reasoning_ids}
+        if (correct := grade(done.answer_text)) is not None:
+            run["correct"] = correct
+        return run
+
+
+def add_agreement(lm, prompt: str, batch: list[dict]) -> None:
+    """Greedy runs of one prompt: each single-model method's agreement with ``baseline`` ("identical",
+    or where it diverged and the top-2 logit margin there), so numerics read as numerics."""
+    base = next((r for r in batch if r["method"] == "baseline"), None)
+    if base is None:
+        return
+    base_ids = base["reasoning_token_ids"] + base["answer_token_ids"]
+    for r in batch:
+        if r["method"] in SINGLE_MODEL and r["method"] != "baseline":
+            a = agreement(lm, prompt, base_ids, r["reasoning_token_ids"] + r["answer_token_ids"])
+            r.update(agreement=str(a), diverged_at=a.diverged_at, margin=a.margin)

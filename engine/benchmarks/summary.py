@@ -1,0 +1,168 @@
+"""A benchmark's summary per method: what the bench prints and writes, and the studio's results table.
+
+Per method: accuracy with its Wilson 95% interval, latency and tokens/s with their IQR, time to the
+first answer token, the median of per-problem latency and FLOPs ratios to ``baseline`` (and, for
+RSD's methods, to ``target``) with the ratios' IQR, SSR's answer tokens per target forward
+(Spec-Bench's mean accepted tokens: 1.0 for plain decoding), accepted and recovered tokens, RSD's
+share of draft steps kept, and for greedy runs how many answers equal baseline's.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from pathlib import Path
+
+from engine.methods.rsd.loop import RSD_METHODS
+from engine.registry import SINGLE_MODEL
+
+Z95 = 1.959964
+WIDE = 0.25  # a ratio's IQR wider than this, or a latency IQR wider than this share of its median: say so
+
+
+def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (95% by default): sensible at 0 of n and n of n."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def iqr(xs: list[float]) -> tuple[float, float]:
+    """The quartiles (q1, q3); a single value is its own spread."""
+    if len(xs) < 2:
+        return xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def tokens_per_forward(run: dict) -> float | None:
+    """Answer tokens per forward of the target while answering (a verify gives one or more; the
+    forward that ends the reasoning gives the first token, the last one the end of the sequence):
+    1.0 for plain decoding that ends its answer itself, a little more when cut at max answer."""
+    if run["method"] not in SINGLE_MODEL or not run.get("answer_tokens") or not run.get("answer_forwards"):
+        return None
+    return run["answer_tokens"] / run["answer_forwards"]
+
+
+def _ratios(by: dict, m: str, ref: str, problems: list, key: str) -> list[float]:
+    """Per problem, the median over repeats of ``m``'s ``key`` over ``ref``'s."""
+    return [statistics.median(r[key] for r in by[(m, p)]) / statistics.median(r[key] for r in by[(ref, p)])
+            for p in problems if (m, p) in by and (ref, p) in by and all(r[key] for r in by[(ref, p)])]
+
+
+def summarize(runs: list[dict], greedy: bool) -> list[dict]:
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    by: dict = {}
+    for r in runs:
+        by.setdefault((r["method"], r["prompt_id"]), []).append(r)
+    problems = list(dict.fromkeys(r["prompt_id"] for r in runs))
+    summary = []
+    for m in methods:
+        mine = [r for r in runs if r["method"] == m]
+        row = {"method": m, "dataset": mine[0].get("dataset"), "runs": len(mine),
+               "problems": len({r["prompt_id"] for r in mine}),
+               "median_latency_s": statistics.median(r["latency_s"] for r in mine),
+               "latency_iqr_s": iqr([r["latency_s"] for r in mine]),
+               "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in mine),
+               "tokens_per_s_iqr": iqr([r["tokens_per_s"] for r in mine])}
+        ttft = [r["ttft_s"] for r in mine if r.get("ttft_s") is not None]
+        if ttft:
+            row["median_ttft_s"] = statistics.median(ttft)
+        for ref in ("baseline", "target"):  # RSD's benches compare with the target alone
+            if ref in methods and (ref == "baseline" or m in RSD_METHODS):
+                ratios = _ratios(by, m, ref, problems, "latency_s")
+                if ratios:
+                    row[f"median_latency_ratio_to_{ref}"] = statistics.median(ratios)
+                    row[f"latency_ratio_iqr_to_{ref}"] = iqr(ratios)
+                flops = _ratios(by, m, ref, problems, "flops") if all(r.get("flops") for r in mine) else []
+                if flops:
+                    row[f"median_flops_ratio_to_{ref}"] = statistics.median(flops)
+        if "baseline" in methods and greedy:
+            row["answers_equal_baseline"] = sum(
+                by[(m, p)][0]["answer_token_ids"] == by[("baseline", p)][0]["answer_token_ids"]
+                for p in problems if (m, p) in by and ("baseline", p) in by)
+        if any(r.get("flops") for r in mine):
+            row["median_flops"] = statistics.median(r.get("flops", 0.0) for r in mine)
+        steps = sum(r["steps_accepted"] + r["steps_rejected"] for r in mine)
+        if m in RSD_METHODS and steps:
+            row["fraction_steps_accepted"] = sum(r["steps_accepted"] for r in mine) / steps
+        checked = [r["correct"] for r in mine if "correct" in r]
+        if checked:
+            row["accuracy"] = sum(checked) / len(checked)
+            row["accuracy_ci95"] = wilson(sum(checked), len(checked))
+            row["graded"] = len(checked)
+            row["graded_by"] = ", ".join(sorted({r["graded_by"] for r in mine if "correct" in r and r.get("graded_by")}))
+        step_ratios = [r["step_s_drafting"] / r["step_s_alone"] for r in mine if r["step_s_drafting"] and r["step_s_alone"]]
+        if step_ratios:
+            row["median_step_ratio_with_draft"] = statistics.median(step_ratios)
+        per_forward = [t for r in mine if (t := tokens_per_forward(r)) is not None]
+        if per_forward:
+            row["median_tokens_per_forward"] = statistics.median(per_forward)
+        row["median_accepted"] = statistics.median(r["accepted"] for r in mine)
+        row["median_recovered"] = statistics.median(r["recovered"] for r in mine)
+        summary.append(row)
+    return summary
+
+
+def spread_warnings(summary: list[dict]) -> list[str]:
+    """Where the spread is too wide for a ratio to be read at face value (a loaded machine)."""
+    out = []
+    for row in summary:
+        for key in ("latency_ratio_iqr_to_baseline", "latency_ratio_iqr_to_target"):
+            if key in row and row[key][1] - row[key][0] > WIDE:
+                out.append(f"{row['method']}: per-problem latency ratios spread {row[key][0]:.2f}-{row[key][1]:.2f} "
+                           "(IQR): rerun with --repeat, on an idle machine")
+        lo, hi = row["latency_iqr_s"]
+        if row["median_latency_s"] and (hi - lo) / row["median_latency_s"] > 2 * WIDE:
+            out.append(f"{row['method']}: latencies spread {lo:.3f}-{hi:.3f} s (IQR) around {row['median_latency_s']:.3f} s")
+    return out
+
+
+# (key, heading, format): the printed table, the studio's table and the summary CSV share it
+COLUMNS = [("method", "method", "{}"), ("accuracy", "accuracy", "{:.1%}"),
+           ("accuracy_ci95", "95% interval", "{0[0]:.0%}-{0[1]:.0%}"), ("graded", "graded", "{}"),
+           ("median_latency_s", "latency s (median)", "{:.3f}"), ("latency_iqr_s", "latency IQR", "{0[0]:.3f}-{0[1]:.3f}"),
+           ("median_latency_ratio_to_baseline", "latency / baseline (median per problem)", "{:.3f}"),
+           ("latency_ratio_iqr_to_baseline", "its IQR", "{0[0]:.2f}-{0[1]:.2f}"),
+           ("median_flops_ratio_to_baseline", "FLOPs / baseline (median per problem)", "{:.3f}"),
+           ("median_latency_ratio_to_target", "latency / target (median per problem)", "{:.3f}"),
+           ("median_flops_ratio_to_target", "FLOPs / target (median per problem)", "{:.3f}"),
+           ("median_tokens_per_s", "tok/s", "{:.1f}"), ("median_ttft_s", "first answer s", "{:.3f}"),
+           ("median_tokens_per_forward", "answer tok / forward", "{:.2f}"),
+           ("median_accepted", "accepted", "{:.0f}"), ("median_recovered", "recovered", "{:.0f}"),
+           ("answers_equal_baseline", "= baseline", "{}"),
+           ("median_step_ratio_with_draft", "step x draft", "{:.2f}"),
+           ("fraction_steps_accepted", "steps kept", "{:.1%}")]
+
+
+def table_cells(summary: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """The headings and formatted cells of the columns any row has ("-" where a row has none)."""
+    cols = [c for c in COLUMNS if any(row.get(c[0]) is not None for row in summary)]
+    return [h for _, h, _ in cols], [[f.format(row[k]) if row.get(k) is not None else "-" for k, _, f in cols]
+                                     for row in summary]
+
+
+def format_table(summary: list[dict]) -> str:
+    head, body = table_cells(summary)
+    cells = [head, *body]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells)
+
+
+RUN_CSV_COLUMNS = ("dataset", "prompt_id", "repeat", "method", "task", "graded_by", "reference", "correct",
+                   "latency_s", "ttft_s", "tokens_per_s", "reasoning_tokens", "answer_tokens", "answer_forwards",
+                   "accepted", "recovered", "generated", "rejected", "flops", "steps_accepted", "steps_rejected",
+                   "step_mode", "agreement", "answer_text")
+
+
+def write_csv(path: str | Path, runs: list[dict]) -> None:
+    """One row per run, the columns a spreadsheet compares (the JSON holds every field)."""
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        out = csv.DictWriter(fh, RUN_CSV_COLUMNS, extrasaction="ignore")
+        out.writeheader()
+        for r in runs:
+            out.writerow({k: r.get(k) for k in RUN_CSV_COLUMNS})
