@@ -54,6 +54,8 @@ def _serve(conn) -> None:  # the worker process: parse and verify with math-veri
 class MathVerifier:
     """``math-verify`` in a worker process, each call bounded by ``timeout_s`` (thread-safe)."""
 
+    _serve = staticmethod(_serve)  # what the worker runs (a test swaps in one that hangs)
+
     def __init__(self, timeout_s: float = MATH_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
         self.timeouts = 0  # answers graded wrong because grading ran out of time
@@ -69,7 +71,7 @@ class MathVerifier:
             raise ValueError("grading math answers needs the 'math-verify' package (pip install math-verify)") from None
         ctx = multiprocessing.get_context("spawn")  # never fork a process with threads (Gradio, torch)
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="math-verify")
+        self._proc = ctx.Process(target=self._serve, args=(child,), daemon=True, name="math-verify")
         self._proc.start()
         child.close()
         if not self._conn.poll(START_TIMEOUT_S):
