@@ -12,6 +12,7 @@ import json
 
 import plotly.graph_objects as go
 
+from engine.benchmarks.summary import wilson
 from engine.runlog.compare import match_key, matching_baselines
 
 METHOD_COLORS = {"baseline": "#6b7280", "ssr": "#2563eb", "rsd": "#9333ea", "target": "#b45309",
@@ -55,6 +56,26 @@ def latency_by_method(rows: list[dict]) -> go.Figure:
             fig.add_trace(go.Box(y=ys, name=method, marker_color=COLORS.get(method, "#888"), boxpoints="all"))
     _layout(fig, "Latency by method", yaxis_title="seconds", showlegend=False)
     return fig if fig.data else _empty(fig, "No finished runs yet: run something on the Run tab.")
+
+
+def accuracy_by_method(rows: list[dict]) -> go.Figure:
+    """History and Benchmark: the share of graded runs answered right per method, with the Wilson
+    95% interval as error bars and the count in the label (runs with no grade are left out)."""
+    graded: dict[str, list[bool]] = {}
+    for r in rows:
+        if r.get("status", "ok") == "ok" and r.get("correct") is not None:
+            graded.setdefault(r["method"], []).append(bool(r["correct"]))
+    names = sorted(graded)
+    acc = [sum(graded[n]) / len(graded[n]) for n in names]
+    ci = [wilson(sum(graded[n]), len(graded[n])) for n in names]
+    fig = go.Figure(go.Bar(x=names, y=acc, marker_color=[COLORS.get(n, "#888") for n in names],
+                           error_y=dict(type="data", symmetric=False, array=[hi - a for a, (_, hi) in zip(acc, ci, strict=True)],
+                                        arrayminus=[a - lo for a, (lo, _) in zip(acc, ci, strict=True)]),
+                           text=[f"{a:.0%} of {len(graded[n])}" for a, n in zip(acc, names, strict=True)],
+                           textposition="inside"))
+    _layout(fig, "Accuracy by method (95% interval)", yaxis_title="answered right", showlegend=False)
+    fig.update_yaxes(range=[0, 1.05], tickformat=".0%")
+    return fig if names else _empty(fig, "No graded runs yet: a benchmark with references grades them.")
 
 
 def token_composition(rows: list[dict]) -> go.Figure:

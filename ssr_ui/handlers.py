@@ -22,7 +22,6 @@ import time
 from collections.abc import Iterator
 
 from engine.config import RunConfig, number
-from engine.events import DoneEvent
 from engine.methods.rsd.loop import check_pair
 from engine.presets import provenance, recommended_settings
 from engine.registry import decoder
@@ -33,9 +32,10 @@ from engine.runtime.model import LoadedModel, ModelLoadError, SSRUnsupportedErro
 from engine.tools.agreement import agreement
 from engine.wiring import run_config
 from ssr_ui import charts
+from ssr_ui.benchmark import BenchmarkRuns
 from ssr_ui.frame import Frame
 from ssr_ui.history import PastRuns
-from ssr_ui.jobs import Job, Jobs
+from ssr_ui.jobs import Job, Jobs, claimed
 from ssr_ui.render import TraceView, error_html, metrics_html
 from ssr_ui.shelf import ModelShelf
 
@@ -58,25 +58,10 @@ def _interval(view: TraceView) -> float:
     return max(1.0 / UPDATES_PER_S, tokens / 20_000)
 
 
-def _claimed(events, job: Job, last: bool):
-    """The engine's ``events``, with the run's end claimed from ``job`` (:meth:`Job.end_run`) while
-    its final event is held back: a job cancelled first never passes it on, so the run log records
-    the run ``cancelled``, as the cancel's reply said. A failing run ends the job before its row is
-    written, so a cancel after that answers "already finished"."""
-    try:
-        for ev in events:
-            if isinstance(ev, DoneEvent) and not job.end_run(last):
-                return
-            yield ev
-    except Exception:
-        job.finish()
-        raise
-
-
-class Studio(ModelShelf, PastRuns):
+class Studio(ModelShelf, PastRuns, BenchmarkRuns):
     """The studio behind the page: its models (:class:`~ssr_ui.shelf.ModelShelf`), the runs it
     streams (here: a run, a comparison, a sweep), its past runs (:class:`~ssr_ui.history.PastRuns`),
-    the run log and the job registry."""
+    its benchmarks (:class:`~ssr_ui.benchmark.BenchmarkRuns`), the run log and the job registry."""
 
     def __init__(self, model: str | None = None, db: str = "runs.db", device: str | None = None,
                  draft_model: str = DEFAULT_DRAFT, prm: str = DEFAULT_PRM, load_timeout: float = LOAD_TIMEOUT_S,
@@ -176,7 +161,7 @@ class Studio(ModelShelf, PastRuns):
                        prm=rsd.get("prm_name") if method == "rsd" else None)
         shown_at = 0.0
         run = decoder(method, lm, rsd.get("draft"), rsd.get("scorer"))(prompt, cfg)
-        events = self.log.record(_claimed(run, job, last), meta)
+        events = self.log.record(claimed(run, job, last), meta)
         try:
             try:
                 for ev in events:

@@ -21,13 +21,15 @@ class PastRuns:
     """History, export, import and replay over ``self.log`` (a :class:`~engine.runlog.RunLog`);
     a replayed run's ratio to its baselines comes from ``self.compare_to_baseline``, as live."""
 
-    def history(self, method: str = "all", limit: int = 200) -> list[dict]:
-        filters = {} if method in ("", "all", None) else {"method": method}
+    def history(self, method: str = "all", limit: int = 200, dataset: str = "all") -> list[dict]:
+        """Newest runs first, of ``method`` and ``dataset`` ("all": any)."""
+        filters = {k: v for k, v in (("method", method), ("dataset", dataset)) if v not in ("", "all", None)}
         return self.log.runs(limit=limit, **filters)
 
-    def export(self, run_id: int | None, kind: str, method: str = "all") -> str:
+    def export(self, run_id: int | None, kind: str, method: str = "all", dataset: str = "all") -> str:
         """Write run ``run_id`` (``kind`` "json" or "html") or the runs table ("csv", the runs of
-        ``method`` as History's filter shows them) to a file in a temporary folder; returns its path."""
+        ``method`` and ``dataset`` as History's filters show them) to a file in a temporary folder;
+        returns its path."""
         import tempfile
 
         from ssr_ui.export import run_to_html, run_to_json, runs_to_csv
@@ -35,7 +37,7 @@ class PastRuns:
         folder = Path(tempfile.mkdtemp(prefix="ssr-studio-"))
         if kind == "csv":
             path = folder / ("runs.csv" if method in ("", "all", None) else f"runs-{method}.csv")
-            path.write_text(runs_to_csv(self.history(method, limit=100_000)), encoding="utf-8")
+            path.write_text(runs_to_csv(self.history(method, limit=100_000, dataset=dataset)), encoding="utf-8")
             return str(path)
         run_id = _run_id(run_id)
         row, events = self.log.run(run_id), self.log.events(run_id)

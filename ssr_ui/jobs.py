@@ -43,6 +43,8 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from engine.events import DoneEvent
+
 REMEMBERED = 10_000  # job ids kept to refuse a restart; old ones are forgotten first
 
 
@@ -99,6 +101,21 @@ class Job:
         with self._lock:
             if self.state == "queued":
                 self.state = "running"
+
+
+def claimed(events, job: Job, last: bool):
+    """The engine's ``events``, with the run's end claimed from ``job`` (:meth:`Job.end_run`) while
+    its final event is held back: a job cancelled first never passes it on, so the run log records
+    the run ``cancelled``, as the cancel's reply said. A failing run ends the job before its row is
+    written, so a cancel after that answers "already finished"."""
+    try:
+        for ev in events:
+            if isinstance(ev, DoneEvent) and not job.end_run(last):
+                return
+            yield ev
+    except Exception:
+        job.finish()
+        raise
 
 
 def current_event_id() -> str | None:

@@ -16,6 +16,8 @@ from functools import partial
 
 import gradio as gr
 
+from engine.benchmarks.problems import BUNDLED_SETS, TASKS
+from engine.benchmarks.problems import PRESETS as DATASET_PRESETS
 from engine.config import MAX_SEED, MAX_TEMPERATURE
 from engine.methods.rsd.acceptance import WEIGHTINGS
 from engine.presets import BUNDLED, PRESETS
@@ -23,6 +25,8 @@ from engine.registry import METHODS
 from engine.runtime.compiled import COMPILE_MODES
 from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 from ssr_ui import charts
+from ssr_ui.benchmark import BENCH_METHODS, RUN_COLUMNS
+from ssr_ui.benchmark import MAX_ROWS as BENCH_MAX_ROWS
 from ssr_ui.handlers import COMPARE_SHOWS, MODES, Studio
 from ssr_ui.jobs import current_event_id
 from ssr_ui.render import LEGEND, TraceView, error_html, prompt_html
@@ -189,9 +193,54 @@ def build_app(studio: Studio) -> gr.Blocks:
             last_runs = gr.State(None)  # the latest comparison's final frames, for the run picker
             last_view = gr.State(None)  # this browser session's latest run, for the draft picker
 
+        with gr.Tab("Benchmark"):
+            gr.Markdown("Run the methods on a slice of a dataset, one problem after another (baseline first, after "
+                        "an untimed warm-up), with the model and every setting of the Run tab; answers are graded "
+                        "by task (math: math-verify; choice: the option letter; code and free text: agreement with "
+                        "baseline) and every run is logged under the dataset's name. `python -m engine.tools.bench "
+                        "--dataset ...` runs the same loop from a terminal.")
+            with gr.Row():
+                with gr.Column(scale=3):
+                    b_upload = gr.File(label="Problems file (.jsonl, .json, .csv, .parquet; up to 20 MB)",
+                                       file_types=[".jsonl", ".json", ".csv", ".parquet"], type="filepath",
+                                       elem_id="bench-upload")
+                    b_dataset = gr.Textbox(label="…or a dataset", max_lines=1, elem_id="bench-dataset",
+                                           placeholder="bundled-arithmetic, gsm8k, HuggingFaceH4/MATH-500:test",
+                                           info=f"{' / '.join(BUNDLED_SETS)} (bundled), a preset ({', '.join(DATASET_PRESETS)}) "
+                                                "or NAME[:CONFIG][:SPLIT] from the Hub (streams only the rows it reads)")
+                    gr.Examples([[name] for name in BUNDLED_SETS], inputs=[b_dataset], label="Bundled suites")
+                with gr.Column(scale=2):
+                    b_methods = gr.CheckboxGroup(list(BENCH_METHODS), value=["baseline", "ssr"], label="Methods",
+                                                 info="target: RSD's target alone (RSD's ratios are to it)")
+                    with gr.Row():
+                        b_limit = _as_sent(gr.Number(value=10, precision=0, label="Problems",
+                                                     info=f"the first N (1..{BENCH_MAX_ROWS})"))
+                        b_repeat = _as_sent(gr.Number(value=1, precision=0, label="Repeats", info="per problem"))
+                        b_sample = gr.Textbox(value="", label="Sample seed", max_lines=1,
+                                              info="blank: the first rows; a number: a random sample")
+                    with gr.Row():
+                        b_task = gr.Dropdown(["auto", *TASKS], value="auto", label="Task",
+                                             info="auto: the preset's, the row's suite, math with a reference")
+                        b_qfield = gr.Textbox(label="Question field", max_lines=1, placeholder="auto")
+                        b_afield = gr.Textbox(label="Answer field", max_lines=1, placeholder="auto")
+                    with gr.Row():
+                        bench_btn = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
+                        bench_stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="bench-stop")
+            b_status = gr.HTML('<div class="metrics status">ready</div>', label="benchmark status",
+                               elem_id="bench-status")
+            b_summary = gr.Dataframe(headers=["method"], interactive=False, wrap=True, label="results by method",
+                                     elem_id="bench-summary")
+            with gr.Row():
+                b_accuracy, b_latency, b_tokens = (gr.Plot(label="accuracy"), gr.Plot(label="latency"),
+                                                   gr.Plot(label="answer tokens"))
+            b_runs = gr.Dataframe(headers=RUN_COLUMNS, interactive=False, wrap=True, label="runs",
+                                  elem_id="bench-runs")
+
         with gr.Tab("History") as history_tab:
             with gr.Row():
                 method_filter = gr.Dropdown(["all", *METHODS], value="all", label="Method")
+                dataset_filter = gr.Dropdown(["all"], value="all", label="Dataset", allow_custom_value=True,
+                                             info="runs of one benchmark's dataset")
                 refresh = gr.Button("Refresh")
             table = gr.Dataframe(headers=list(HISTORY_COLUMNS.values()), interactive=False, wrap=False,
                                  elem_classes="history-table", label="runs")
@@ -220,6 +269,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                 c_latency, c_tokens = gr.Plot(label="latency by method"), gr.Plot(label="answer tokens")
             with gr.Row():
                 c_speedup, c_rsd = gr.Plot(label="SSR vs draft start"), gr.Plot(label="RSD vs threshold")
+            c_accuracy = gr.Plot(label="accuracy by method")
 
         # ------------------------------------------------------------------ wiring: runs
         # The run's settings, written once: the API's parameters (names, order, defaults) and the
@@ -248,13 +298,15 @@ def build_app(studio: Studio) -> gr.Blocks:
                     yield (*panes, gr.update(value=fig, visible=fig is not None), frame.view, _draft_picker(frame),
                            frame.runs, runs)
 
-        def busy():
-            return gr.update(interactive=True), gr.update(interactive=False), gr.update(interactive=False)
+        def busy():  # the Stop buttons on, the start buttons off
+            on, off = gr.update(interactive=True), gr.update(interactive=False)
+            return on, off, off, on, off
 
         def idle():
-            return gr.update(interactive=False), gr.update(interactive=True), gr.update(interactive=True)
+            on, off = gr.update(interactive=True), gr.update(interactive=False)
+            return off, on, on, off, on
 
-        buttons = [stop_btn, run_btn, sweep_btn]
+        buttons = [stop_btn, run_btn, sweep_btn, bench_stop, bench_btn]
         run_event = run_btn.click(busy, None, buttons, queue=False, **PRIVATE).then(
             run, [prompt, method, model, *run_settings.values()],
             [reasoning_pane, draft_pane, answer_pane, metrics, chart, last_view, draft_pick, last_runs, run_pick],
@@ -289,6 +341,27 @@ def build_app(studio: Studio) -> gr.Blocks:
             [sweep_status, sweep_plot], api_name="sweep", concurrency_limit=RUN_CONCURRENCY,
             show_progress="minimal", show_progress_on=[sweep_status])
 
+        @on_gpu
+        @_api_signature(cfg, run_settings, models)
+        def benchmark(request: gr.Request, dataset: str = "", upload: str | None = None, methods=("baseline", "ssr"),
+                      limit=10, repeat=1, sample_seed="", task="auto", question_field="", answer_field="",
+                      model: str = "", **settings):
+            roles = {name: settings.pop(name) for name in models}
+            with studio.jobs.running(current_event_id(), request.session_hash) as job:
+                if job is None:
+                    return
+                for frame in studio.benchmark(dataset, upload, methods, limit, repeat, sample_seed, question_field,
+                                              answer_field, task, model, roles["draft_model"], roles["prm"], job=job,
+                                              **settings):
+                    yield frame.as_tuple()
+
+        bench_event = bench_btn.click(busy, None, buttons, queue=False, **PRIVATE).then(
+            benchmark, [b_dataset, b_upload, b_methods, b_limit, b_repeat, b_sample, b_task, b_qfield, b_afield, model,
+                        *run_settings.values()],
+            [b_status, b_summary, b_runs, b_accuracy, b_latency, b_tokens], api_name="benchmark",
+            concurrency_limit=RUN_CONCURRENCY, show_progress="minimal", show_progress_on=[b_status])
+        bench_stop.click(stop, None, None, queue=False, **PRIVATE)
+
         def model_settings(name, think):
             """The draft-start box states the model's reasoning budget (its tuned one, if any)."""
             try:
@@ -308,20 +381,25 @@ def build_app(studio: Studio) -> gr.Blocks:
         max_think.change(model_settings, [model, max_think], [draft_start], **PRIVATE)
 
         # ------------------------------------------------------------------ wiring: history
-        def load_history(method_name):
-            rows = studio.history(method_name)
+        def load_history(method_name, dataset_name="all"):
+            rows = studio.history(method_name, dataset=dataset_name)
             table_rows = [[_cell(c, r.get(c)) for c in HISTORY_COLUMNS] for r in rows]
+            names = studio.log.datasets()
+            picked = dataset_name if dataset_name in names else "all"
             return (table_rows, charts.latency_by_method(rows), charts.token_composition(rows),
-                    charts.speedup_vs_draft_start(rows), charts.rsd_by_threshold(rows))
+                    charts.speedup_vs_draft_start(rows), charts.rsd_by_threshold(rows), charts.accuracy_by_method(rows),
+                    gr.update(choices=["all", *names], value=picked))
 
-        history_outputs = [table, c_latency, c_tokens, c_speedup, c_rsd]
-        refresh.click(load_history, [method_filter], history_outputs, api_name="history")
-        method_filter.change(load_history, [method_filter], history_outputs, **PRIVATE)
-        history_tab.select(load_history, [method_filter], history_outputs, **PRIVATE)
-        demo.load(load_history, [method_filter], history_outputs, **PRIVATE)
-        for event in (run_event, sweep_event):
+        history_outputs = [table, c_latency, c_tokens, c_speedup, c_rsd, c_accuracy, dataset_filter]
+        history_inputs = [method_filter, dataset_filter]
+        refresh.click(load_history, history_inputs, history_outputs, api_name="history")
+        method_filter.change(load_history, history_inputs, history_outputs, **PRIVATE)
+        dataset_filter.input(load_history, history_inputs, history_outputs, **PRIVATE)
+        history_tab.select(load_history, history_inputs, history_outputs, **PRIVATE)
+        demo.load(load_history, history_inputs, history_outputs, **PRIVATE)
+        for event in (run_event, sweep_event, bench_event):
             event.then(idle, None, buttons, queue=False, **PRIVATE).then(
-                load_history, [method_filter], history_outputs, **PRIVATE)
+                load_history, history_inputs, history_outputs, **PRIVATE)
 
         def past_run(get):
             try:
@@ -333,14 +411,15 @@ def build_app(studio: Studio) -> gr.Blocks:
         past_outputs = [h_prompt, h_metrics, h_reasoning, h_draft, h_answer]
         show.click(lambda rid: past_run(lambda: studio.replay(rid)), [run_id], past_outputs, api_name="replay")
 
-        def do_export(rid, method_name, kind):
+        def do_export(rid, method_name, dataset_name, kind):
             try:
-                return studio.export(rid, kind, method_name), ""
+                return studio.export(rid, kind, method_name, dataset_name), ""
             except ValueError as err:
                 return None, error_html(str(err))
 
         for button, kind in ((export_json, "json"), (export_html, "html"), (export_csv, "csv")):
-            button.click(partial(do_export, kind=kind), [run_id, method_filter], [exported, h_metrics], **PRIVATE)
+            button.click(partial(do_export, kind=kind), [run_id, method_filter, dataset_filter], [exported, h_metrics],
+                         **PRIVATE)
 
         def do_import(path):
             if not path:

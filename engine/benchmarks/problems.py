@@ -1,6 +1,6 @@
 """Where a benchmark's problems come from, and how a row becomes a prompt and a reference.
 
-A source is a local file (``.jsonl``, ``.json``, ``.csv``, ``.parquet``) or a Hugging Face dataset
+A source is a bundled suite (:data:`BUNDLED_SETS`), a local file (``.jsonl``, ``.json``, ``.csv``, ``.parquet``) or a Hugging Face dataset
 named ``NAME[:CONFIG][:SPLIT]`` (two parts are ``NAME:SPLIT``), loaded with ``datasets`` so the
 user's cache and offline mode (``HF_HUB_OFFLINE=1``) behave as they expect. With a row limit, an
 online dataset streams: only the rows read are downloaded. Presets (:data:`PRESETS`) know the
@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TASKS = ("math", "choice", "code", "free")
+BUNDLED_DIR = Path(__file__).resolve().parents[2] / "assets" / "benchmarks"
+# the bundled suites (20 held-out problems each, from ``python -m engine.tools.synthetic``), by name
+BUNDLED_SETS = {"bundled-arithmetic": BUNDLED_DIR / "arithmetic.jsonl", "bundled-classes": BUNDLED_DIR / "classes.jsonl"}
 LOCAL_FORMATS = (".jsonl", ".json", ".csv", ".parquet")
 QUESTION_FIELDS = ("prompt", "question", "problem", "input")
 ANSWER_FIELDS = ("reference", "answer", "solution", "target")
@@ -77,10 +80,11 @@ class Source:
     @property
     def label(self) -> str:
         """How runs name it in the log: a file's name, or the dataset as given."""
-        return Path(self.spec).name if _is_file_spec(self.spec) else self.spec.strip()
+        spec = str(BUNDLED_SETS.get(self.spec.strip(), self.spec))
+        return Path(spec).name if is_file_spec(spec) else spec.strip()
 
 
-def _is_file_spec(spec: str) -> bool:
+def is_file_spec(spec: str) -> bool:
     return Path(spec).suffix.lower() in LOCAL_FORMATS or Path(spec).is_file()
 
 
@@ -94,8 +98,9 @@ def load_problems(source: Source, display_name: str | None = None) -> list[Probl
     spec = source.spec.strip()
     if not spec:
         raise ValueError("name a dataset or a file")
+    spec = str(BUNDLED_SETS.get(spec, spec))
     preset = None
-    if _is_file_spec(spec):
+    if is_file_spec(spec):
         rows = read_file(spec, source.limit, source.sample_seed, display_name)
         where = display_name or spec
     else:

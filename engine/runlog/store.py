@@ -268,6 +268,12 @@ class RunLog:
             except sqlite_utils.db.NotFoundError:
                 raise ValueError(f"no run with id {run_id} in {self.path}") from None
 
+    def datasets(self) -> list[str]:
+        """The datasets runs were logged under, the most recently used first."""
+        with self._db() as db:
+            return [r[0] for r in db.execute("select dataset from runs where dataset is not null "
+                                             "group by dataset order by max(id) desc")]
+
     def columns(self) -> list[str]:
         with self._db() as db:
             return list(db["runs"].columns_dict)

@@ -29,7 +29,16 @@ import sys
 from pathlib import Path
 
 from engine.benchmarks.grading import Grader, load_grader
-from engine.benchmarks.problems import ANSWER_FIELDS, PRESETS, QUESTION_FIELDS, TASKS, Problem, Source, load_problems
+from engine.benchmarks.problems import (
+    ANSWER_FIELDS,
+    BUNDLED_SETS,
+    PRESETS,
+    QUESTION_FIELDS,
+    TASKS,
+    Problem,
+    Source,
+    load_problems,
+)
 from engine.benchmarks.runner import Bench
 from engine.benchmarks.summary import format_table, spread_warnings, summarize, write_csv
 from engine.config import RunConfig, field_help
@@ -53,7 +62,7 @@ CONFIG_FLAGS = {"draft_start": int, "max_think": int, "max_draft": int, "max_ans
 def add_source_args(ap: argparse.ArgumentParser, required: bool = True) -> None:
     """The flags that name a benchmark's problems (the bench's and rsd_sweep's)."""
     src = ap.add_mutually_exclusive_group(required=required)
-    src.add_argument("--dataset", help="a local file (.jsonl, .json, .csv, .parquet) or a Hugging Face dataset "
+    src.add_argument("--dataset", help=f"{' or '.join(BUNDLED_SETS)}, a local file (.jsonl, .json, .csv, .parquet) or a Hugging Face dataset "
                      "NAME[:CONFIG][:SPLIT] (e.g. HuggingFaceH4/MATH-500:test, openai/gsm8k:main:test) or a preset: "
                      + ", ".join(PRESETS))
     src.add_argument("--prompts", help='JSON lines: {"id", "prompt", "reference" (optional), "suite" (optional: '

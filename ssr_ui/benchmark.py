@@ -1,0 +1,150 @@
+"""The studio's Benchmark tab behind the page: a dataset slice (an uploaded file, or a dataset name
+when the Hub is reachable) run with the chosen methods through the bench's own loop
+(``engine.benchmarks.runner``), so the tab and ``python -m engine.tools.bench`` give the same answers
+and grades. Each finished run updates a progress bar, the summary table (``engine.benchmarks.summary``),
+the per-run table and the charts History draws; Stop ends it at the next event (the run in flight
+is logged ``cancelled``); every run is logged with its dataset, which History filters by.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.benchmarks.problems import BUNDLED_SETS, TASKS, Source, is_file_spec, load_problems
+from engine.benchmarks.runner import Bench
+from engine.benchmarks.summary import summarize, table_cells, tokens_per_forward
+from engine.config import number
+from engine.methods.rsd.loop import check_pair
+from engine.remote.client import BackendError
+from engine.runtime.model import LoadedModel, ModelLoadError, SSRUnsupportedError
+from ssr_ui import charts
+from ssr_ui.jobs import Job, claimed
+from ssr_ui.render import error_html
+
+BENCH_METHODS = ("baseline", "ssr", "rsd", "target")  # what the tab offers ("target": RSD's target alone)
+MAX_ROWS = 200  # problems per benchmark in the studio (the bench CLI has no bound)
+MAX_REPEAT = 5
+RUN_COLUMNS = ["problem", "repeat", "method", "correct", "latency s", "answer tokens", "tok / forward", "answer"]
+
+
+@dataclass
+class BenchFrame:
+    """What the tab shows after each step: status (with the progress bar), the two tables, charts."""
+
+    status: str
+    summary: dict = field(default_factory=lambda: {"headers": ["method"], "data": []})
+    runs: dict = field(default_factory=lambda: {"headers": RUN_COLUMNS, "data": []})
+    figures: tuple = (None, None, None)
+
+    def as_tuple(self) -> tuple:
+        return (self.status, self.summary, self.runs, *self.figures)
+
+
+def progress_html(done: int, total: int, note: str) -> str:
+    share = done / total if total else 0.0
+    return (f'<div class="metrics bench-status"><div class="bench-bar" role="progressbar" aria-valuenow="{done}" '
+            f'aria-valuemax="{total}"><span style="width:{share:.1%}"></span></div>'
+            f'<span class="bench-note">{html.escape(note)}</span></div>')
+
+
+def _run_row(r: dict) -> list:
+    correct = {True: "✓", False: "✗"}.get(r.get("correct"), "-")
+    per = tokens_per_forward(r)
+    answer = " ".join(r["answer_text"].split())
+    return [r["prompt_id"], r["repeat"], r["method"], correct, round(r["latency_s"], 3), r["answer_tokens"],
+            "-" if per is None else round(per, 2), answer[:80] + ("…" if len(answer) > 80 else "")]
+
+
+def _as_logged(runs: list[dict]) -> list[dict]:
+    """The benchmark's runs as History's charts read runs-table rows (the newest first)."""
+    return [{**r, "id": n, "status": "ok", "correct": r.get("correct")} for n, r in enumerate(runs, 1)][::-1]
+
+
+class BenchmarkRuns:
+    """The Benchmark tab's handler, over the studio's models (``self.model``, ``self.scorer``), run
+    log, settings (``self.config``) and model lock (``self._lock``)."""
+
+    def benchmark(self, dataset: str = "", upload: str | None = None, methods=("baseline", "ssr"), limit=20,
+                  repeat=1, sample_seed="", question_field: str = "", answer_field: str = "", task: str = "auto",
+                  model_name: str = "", draft_model: str = "", prm: str = "", job: Job | None = None,
+                  **settings) -> Iterator[BenchFrame]:
+        job = job or Job(None, None)
+        try:
+            yield from self._benchmark(dataset, upload, methods, limit, repeat, sample_seed, question_field,
+                                       answer_field, task, model_name, draft_model, prm, job, settings)
+        except (ValueError, ModelLoadError, SSRUnsupportedError, BackendError) as err:
+            yield BenchFrame(error_html(str(err)))
+
+    def _benchmark(self, dataset, upload, methods, limit, repeat, sample_seed, question_field, answer_field, task,
+                   model_name, draft_model, prm, job: Job, settings: dict) -> Iterator[BenchFrame]:
+        methods = [methods] if isinstance(methods, str) else list(methods or [])
+        unknown = [m for m in methods if m not in BENCH_METHODS]
+        if not methods or unknown:
+            raise ValueError(f"choose methods from {', '.join(BENCH_METHODS)}" + (f" (not {', '.join(unknown)})" if unknown else ""))
+        limit = number("problems", limit, whole=True)
+        if not 1 <= limit <= MAX_ROWS:
+            raise ValueError(f"problems must be in 1..{MAX_ROWS} here (the bench CLI runs any number)")
+        repeat = number("repeats", repeat, whole=True)
+        if not 1 <= repeat <= MAX_REPEAT:
+            raise ValueError(f"repeats must be in 1..{MAX_REPEAT}")
+        seed = None if str(sample_seed or "").strip() == "" else number("sample seed", sample_seed, whole=True)
+        if task not in ("auto", *TASKS):
+            raise ValueError(f"unknown task {task!r}; choose auto or one of {', '.join(TASKS)}")
+        spec, shown = (upload, Path(upload).name) if upload else ((dataset or "").strip(), None)
+        if not spec:
+            raise ValueError("upload a file or name a dataset first")
+        if not upload and spec not in BUNDLED_SETS and is_file_spec(spec):  # the server's files are not the user's
+            raise ValueError(f"{spec!r} looks like a file: upload it above (this box takes a dataset name or "
+                             f"{' / '.join(BUNDLED_SETS)})")
+        source = Source(spec, question_field.strip() or None, answer_field.strip() or None,
+                        None if task == "auto" else task, None, int(limit), seed)
+        yield BenchFrame(progress_html(0, 1, f"reading {shown or spec}…"))
+        problems = load_problems(source, display_name=shown)
+        label = shown or source.label
+        cfg = self.config(model_name, **settings)
+        if "ssr" in methods:
+            cfg.check_ssr()
+        lm = self.model(model_name)
+        models = {"target": lm}
+        if {"rsd", "target"} & set(methods):
+            draft_model, prm = (draft_model or self.default_draft).strip(), (prm or self.default_prm).strip()
+            models.update(draft=self.model(draft_model), scorer=self.scorer(prm), prm_name=prm)
+            check_pair(lm, models["draft"])
+        if "ssr" in methods:
+            lm.require_markers()
+        bench = Bench(models, methods, cfg, log=self.log, dataset=label, origin="app",
+                      in_process=isinstance(lm, LoadedModel))
+        total = bench.total(problems, int(repeat))
+        if not self._lock.acquire(blocking=False):
+            yield BenchFrame(progress_html(0, total, "waiting for the model: another run is using it…"))
+            self._lock.acquire()
+        runs: list[dict] = []
+        try:
+            yield BenchFrame(progress_html(0, total, f"{label}: {len(problems)} problems; warming up each method "
+                                                     "once (untimed, not logged)…"))
+            bench.warm_up(problems[0])
+            for r in bench.runs(problems, int(repeat), stop=lambda: job.cancelled,
+                                wrap=lambda events, last: claimed(events, job, last)):
+                runs.append(r)
+                yield self._bench_frame(runs, total, f"{len(runs)} of {total} runs ({label})", cfg.greedy)
+        finally:
+            self._lock.release()
+        if len(runs) < total:
+            yield self._bench_frame(runs, total, f"stopped after {len(runs)} of {total} runs (the run in flight "
+                                                 "is logged as cancelled)", cfg.greedy)
+        else:
+            yield self._bench_frame(runs, total, f"done: {total} runs on {len(problems)} problems of {label}, "
+                                                 "every run logged", cfg.greedy)
+
+    @staticmethod
+    def _bench_frame(runs: list[dict], total: int, note: str, greedy: bool) -> BenchFrame:
+        if not runs:
+            return BenchFrame(progress_html(0, total, note))
+        heads, cells = table_cells(summarize(runs, greedy))
+        rows = _as_logged(runs)
+        return BenchFrame(progress_html(len(runs), total, note), {"headers": heads, "data": cells},
+                          {"headers": RUN_COLUMNS, "data": [_run_row(r) for r in runs]},
+                          (charts.accuracy_by_method(rows), charts.latency_by_method(rows), charts.token_composition(rows)))
