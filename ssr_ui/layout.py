@@ -43,7 +43,8 @@ RUN_CONCURRENCY = 4  # jobs inside the handler at once: one uses the model, the 
 HISTORY_COLUMNS = {"id": "id", "created_at": "when (UTC)", "method": "method", "model": "model", "status": "status",
                    "wall_s": "latency s", "ttft_s": "first answer s", "reasoning_tokens": "reasoning",
                    "answer_tokens": "answer", "accepted": "accepted", "recovered": "recovered",
-                   "generated": "generated", "rejected": "rejected", "tokens_per_s": "tokens/s", "prompt": "prompt"}
+                   "generated": "generated", "rejected": "rejected", "tokens_per_s": "tokens/s", "dataset": "dataset", "correct": "correct",
+                   "prompt": "prompt"}
 PRIVATE = dict(api_visibility="private")  # UI plumbing, not part of the API
 
 
@@ -228,12 +229,16 @@ def build_app(studio: Studio) -> gr.Blocks:
                         bench_stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="bench-stop")
             b_status = gr.HTML('<div class="metrics status">ready</div>', label="benchmark status",
                                elem_id="bench-status")
-            b_summary = gr.Dataframe(headers=["method"], interactive=False, wrap=True, label="results by method",
+            b_summary = gr.Dataframe(headers=["method"], interactive=False, wrap=False, label="results by method",
                                      elem_id="bench-summary")
-            with gr.Row():
-                b_accuracy, b_latency, b_tokens = (gr.Plot(label="accuracy"), gr.Plot(label="latency"),
-                                                   gr.Plot(label="answer tokens"))
-            b_runs = gr.Dataframe(headers=RUN_COLUMNS, interactive=False, wrap=True, label="runs",
+            with gr.Row(equal_height=False):  # each chart keeps a readable width: on a phone they stack
+                with gr.Column(min_width=360):
+                    b_accuracy = gr.Plot(label="accuracy")
+                with gr.Column(min_width=360):
+                    b_latency = gr.Plot(label="latency")
+                with gr.Column(min_width=360):
+                    b_tokens = gr.Plot(label="answer tokens")
+            b_runs = gr.Dataframe(headers=RUN_COLUMNS, interactive=False, wrap=False, label="runs",
                                   elem_id="bench-runs")
 
         with gr.Tab("History") as history_tab:
@@ -437,6 +442,8 @@ def _draft_start_info(max_think: int) -> str:
 
 
 def _cell(column: str, value):
+    if column == "correct":
+        return {1: "✓", 0: "✗"}.get(value, "")
     if column == "created_at" and isinstance(value, str):
         return value[:19].replace("T", " ")  # 2026-11-30 18:32:36
     return round(value, 3) if isinstance(value, float) else value

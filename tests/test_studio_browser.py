@@ -331,3 +331,51 @@ def test_9_the_rsd_export_lists_each_rejected_step_once(app, tmp_path):
     rejected = sum(1 for e in log.events(run_id) if e.kind == "step" and e.accepted is False)
     assert rejected > 1 and page.count("rewritten by the target") == rejected
     assert "0.30000000000000004" not in page
+
+
+# ----------------------------------------------------------------------------- issue 23: the Benchmark tab
+
+@needs_browser
+def test_benchmark_tab_uploads_runs_shows_progress_tables_and_charts_and_stops(page, app, tmp_path):
+    """Start a benchmark on an uploaded file, watch the progress bar and tables fill, Stop it (the
+    run in flight logged cancelled, the finished ones kept), then run a bundled suite to the end."""
+    import json
+
+    rows = [{"id": f"p{i}", "prompt": make_example("arithmetic", EVAL_SEED_BASE + 40 + i).prompt,
+             "reference": make_example("arithmetic", EVAL_SEED_BASE + 40 + i).reference, "suite": "arithmetic"}
+            for i in range(8)]
+    upload = tmp_path / "mini-arith.jsonl"
+    upload.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page.get_by_role("tab", name="Benchmark").click()
+    page.locator("#bench-upload input[type=file]").set_input_files(str(upload))
+    page.get_by_text("mini-arith.jsonl").first.wait_for(timeout=30_000)
+    page.get_by_role("spinbutton", name="Problems", exact=True).fill("8")
+    page.locator("#bench-run").click()
+    page.wait_for_function("Number(document.querySelector('#bench-status [role=progressbar]')"
+                           "?.getAttribute('aria-valuenow')) >= 3", timeout=180_000)
+    assert "of 16 runs (mini-arith.jsonl)" in page.locator("#bench-status").inner_text()
+    summary = page.locator("#bench-summary").inner_text()
+    assert "accuracy" in summary and "ssr" in summary and "95% interval" in summary
+    assert page.locator("#bench-runs").get_by_text("✓").count() > 0
+    assert page.get_by_text("Accuracy by method (95% interval)").count() > 0
+    page.locator("#bench-stop").click()
+    page.get_by_text("stopped after").wait_for(timeout=60_000)
+    _no_error_pill(page)
+    page.wait_for_function("document.querySelector('#bench-stop').disabled", timeout=10_000)
+    logged = sqlite3.connect(app[1]).execute(
+        "select status, count(*) from runs where dataset = 'mini-arith.jsonl' group by status").fetchall()
+    counts = dict(logged)
+    assert 3 <= counts.get("ok", 0) < 16 and counts.get("cancelled", 0) <= 1 and set(counts) <= {"ok", "cancelled"}
+    page.locator("#bench-upload").get_by_label("Clear").click()
+    page.locator("#bench-dataset textarea, #bench-dataset input").first.fill("bundled-arithmetic")
+    page.get_by_role("spinbutton", name="Problems", exact=True).fill("2")
+    page.locator("#bench-run").click()
+    page.get_by_text("done: 4 runs on 2 problems of arithmetic.jsonl").wait_for(timeout=180_000)
+    page.set_viewport_size({"width": 760, "height": 1200})
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "benchmark-760.png"), full_page=True)
+    page.set_viewport_size({"width": 1400, "height": 1200})
+    page.get_by_role("tab", name="History").click()
+    page.get_by_role("combobox", name="Dataset", exact=True).click()
+    page.get_by_role("option", name="mini-arith.jsonl").click()
+    page.wait_for_function("document.querySelector('.history-table').innerText.includes('baseline')", timeout=30_000)
