@@ -246,7 +246,7 @@ def test_spaces_gpu_wraps_the_runs_only_when_spaces_is_installed(studio, monkeyp
     fake.GPU = lambda duration: (lambda fn: wrapped.append(fn.__name__) or fn)
     monkeypatch.setitem(sys.modules, "spaces", fake)
     importlib.reload(layout).build_app(studio)
-    assert wrapped == ["run", "sweep"]
+    assert wrapped == ["run", "sweep", "benchmark"]
     monkeypatch.delitem(sys.modules, "spaces")
     wrapped.clear()
     importlib.reload(layout).build_app(studio)  # without the package: nothing wraps, nothing breaks

@@ -92,6 +92,13 @@ def main(argv: list[str] | None = None) -> None:
             page.wait_for_selector(".js-plotly-plot", timeout=60_000)
             time.sleep(2)
             page.screenshot(path=str(out / "history.png"), full_page=True)
+            page.get_by_role("tab", name="Benchmark").click()
+            page.locator("#bench-dataset input, #bench-dataset textarea").first.fill("bundled-classes")
+            page.get_by_role("spinbutton", name="Problems", exact=True).fill("3")
+            page.locator("#bench-run").click()
+            page.get_by_text("done:").wait_for(timeout=300_000)
+            time.sleep(1)
+            page.screenshot(path=str(out / "benchmark.png"), full_page=True)
             browser.close()
     finally:
         app.terminate()
