@@ -171,3 +171,28 @@ def number(name: str, value, whole: bool = False) -> float | int:
 def _require(name: str, value, ok: bool, why: str) -> None:
     if not ok:
         raise ValueError(f"{name}={value!r} {why}")
+
+
+PROMPT_ROOM = 512  # positions a fitted budget leaves the prompt (a quarter of a smaller context)
+
+
+def fit_budgets(values: dict, context: int, given: set[str]) -> dict:
+    """``values`` (RunConfig fields) with the budgets the caller did not set (``given``) lowered
+    to fit a model of ``context`` positions: the reasoning and the answer share what the prompt
+    leaves, the first draft fits beside them, the draft start stays below max think. Budgets the
+    caller set are kept as set (a run that cannot fit is refused then, with the numbers)."""
+    defaults = RunConfig()
+    v = {k: values.get(k, getattr(defaults, k)) for k in ("max_think", "max_answer", "max_draft", "draft_start")}
+    room = context - min(PROMPT_ROOM, context // 4)
+    free = [k for k in ("max_think", "max_answer") if k not in given]
+    over = v["max_think"] + v["max_answer"] - room
+    if over > 0 and free:
+        share = sum(v[k] for k in free)
+        keep = max(share - over, 2 * len(free))
+        for k in free:
+            v[k] = max(2, v[k] * keep // share)
+    if "draft_start" not in given and v["draft_start"] >= v["max_think"]:
+        v["draft_start"] = v["max_think"] // 4
+    if "max_draft" not in given and v["draft_start"] + v["max_draft"] > room:
+        v["max_draft"] = max(1, room - v["draft_start"])
+    return {**values, **v}

@@ -10,15 +10,16 @@ settings a run starts from (the model's recommended ones under what the caller s
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-from engine.config import RunConfig
+from engine.config import RunConfig, fit_budgets
 from engine.methods.rsd.loop import check_pair
 from engine.methods.rsd.prm import MathShepherdScorer, QwenMathPRMScorer
 from engine.presets import recommended_settings
 from engine.remote.model import RemoteModel, connect
 from engine.remote.prm import connect_prm
-from engine.runtime.model import LoadedModel, load_model, random_weights_model
+from engine.runtime.model import LoadedModel, load_model, random_weights_model, resolve_model_path
 from engine.runtime.probe import capabilities
 
 
@@ -34,8 +35,29 @@ class Server:
 
 
 def run_config(model: str, settings: dict) -> RunConfig:
-    """The run's config: ``model``'s recommended settings (``engine.presets``) under ``settings``."""
-    return RunConfig(**{**recommended_settings(model), **settings})
+    """The run's config: ``model``'s recommended settings (``engine.presets``) under ``settings``,
+    with the budgets neither sets fitted to the model's context (``fit_budgets``) where its config
+    can be read without a download."""
+    values = {**recommended_settings(model), **settings}
+    context = declared_context(model)
+    if context:
+        values = fit_budgets(values, context, set(values))
+    return RunConfig(**values)
+
+
+@functools.lru_cache(maxsize=64)
+def declared_context(model: str) -> int | None:
+    """The positions ``model``'s config declares (a bundled model, a local folder, a Hub id in the
+    cache), or None where it cannot be read offline."""
+    from transformers import AutoConfig
+
+    path, _ = resolve_model_path(model)
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError):  # not local, not cached, or not a transformers config
+        return None
+    limit = getattr(config.get_text_config(decoder=True), "max_position_embeddings", None)
+    return int(limit) if isinstance(limit, int) and limit > 0 else None
 
 
 def load_role(name: str, device: str | None = None, server: Server | None = None, target=None,

@@ -23,8 +23,8 @@ LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0
 
 
 def _layout(fig: go.Figure, title: str, height: int = 320, **kw) -> go.Figure:
-    fig.update_layout(title=dict(text=title, x=0, xanchor="left"), height=height, legend=LEGEND_BELOW,
-                      margin=dict(t=44, b=70, l=56, r=56), **kw)
+    fig.update_layout(title=dict(text=title, x=0, xanchor="left"), height=height,
+                      **{"legend": LEGEND_BELOW, "margin": dict(t=44, b=70, l=56, r=56), **kw})
     return fig
 
 
@@ -38,12 +38,12 @@ def _empty(fig: go.Figure, sentence: str) -> go.Figure:
     return fig
 
 
-def latency_bars(latencies: dict[str, float | None]) -> go.Figure:
-    """Compare mode: one bar per method, seconds."""
+def latency_bars(latencies: dict[str, float | None], note: str = "") -> go.Figure:
+    """Compare mode: one bar per method, seconds (``note``: e.g. that the comparison was stopped)."""
     names = [k for k, v in latencies.items() if v is not None]
     fig = go.Figure(go.Bar(x=names, y=[latencies[n] for n in names], marker_color=[COLORS.get(n, "#888") for n in names],
                            text=[f"{latencies[n]:.2f} s" for n in names], textposition="auto"))
-    _layout(fig, "Latency on this prompt", 300, yaxis_title="seconds", showlegend=False)
+    _layout(fig, "Latency on this prompt" + (f" ({note})" if note else ""), 300, yaxis_title="seconds", showlegend=False)
     return fig if names else _empty(fig, "No run finished.")
 
 
@@ -84,7 +84,10 @@ def token_composition(rows: list[dict]) -> go.Figure:
     labels = [f"#{r['id']} {r['method']}" for r in rows]
     fig = go.Figure([go.Bar(name=k, x=labels, y=[r[k] or 0 for r in rows], marker_color=COLORS[k])
                      for k in ("accepted", "recovered", "generated")])
-    _layout(fig, "Answer tokens by origin (latest 40 runs)", barmode="stack", yaxis_title="tokens")
+    _layout(fig, "Answer tokens by origin (latest 40 runs)", barmode="stack", yaxis_title="tokens",
+            # the run labels are slanted: a legend under them would sit on them, so it goes beside the plot
+            legend=dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top"))
+    fig.update_xaxes(tickangle=-45, automargin=True)
     return fig if rows else _empty(fig, "No finished runs yet.")
 
 
@@ -122,7 +125,7 @@ def sweep_chart(points: list[dict]) -> go.Figure:
     fig.add_trace(go.Bar(x=xs, y=[p["recovered"] for p in points], name="recovered", marker_color=COLORS["recovered"],
                          opacity=0.5, yaxis="y2"))
     _layout(fig, "Draft-start sweep", 360, xaxis_title="draft start (reasoning tokens)", barmode="stack",
-            yaxis=dict(title="latency ratio to baseline"),
+            yaxis=dict(title="latency ratio to baseline", rangemode="tozero"),
             yaxis2=dict(title="answer tokens from drafts", overlaying="y", side="right"))
     if not points:
         return _empty(fig, "No draft start finished.")

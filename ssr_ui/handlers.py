@@ -137,11 +137,15 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         if not finals:  # stopped before anything ran: nothing logged
             yield Frame.of(TraceView(phase="stopped"), metrics_html(TraceView(phase="stopped"), method))
             return
-        if method != "Compare" or len(finals) < len(runs):
-            yield dataclasses.replace(last, runs=finals if len(finals) > 1 else None)
-            return
-        latencies = {name: f.view.stats.wall_s if f.view.stats else None for name, f in finals.items()}
-        yield dataclasses.replace(finals[COMPARE_SHOWS], chart=charts.latency_bars(latencies), runs=finals)
+        latencies = {name: f.view.stats.wall_s if f.view.done is not None else None for name, f in finals.items()}
+        if method != "Compare":
+            yield last
+        elif len(finals) < len(runs) or any(v is None for v in latencies.values()):  # stopped midway: what finished
+            done = sum(v is not None for v in latencies.values())
+            yield dataclasses.replace(last, runs=finals if len(finals) > 1 else None, chart=charts.latency_bars(
+                latencies, note=f"stopped: {done} of {len(runs)} finished") if done else None)
+        else:
+            yield dataclasses.replace(finals[COMPARE_SHOWS], chart=charts.latency_bars(latencies), runs=finals)
 
     def _stream(self, lm, prompt, name, cfg, view, rsd: dict | None = None, job: Job | None = None,
                 deadline: float | None = None, last: bool = True) -> Iterator[Frame]:

@@ -48,16 +48,17 @@ HISTORY_COLUMNS = {"id": "id", "created_at": "when (UTC)", "method": "method", "
 PRIVATE = dict(api_visibility="private")  # UI plumbing, not part of the API
 
 
-def examples() -> dict[str, list[str]]:
-    """Example prompts grouped by what the bundled models can do."""
+def examples() -> dict[str, tuple[str, list[str]]]:
+    """Example prompts grouped by what the bundled models can do, each group with the method it
+    shows (picking an example sets Method too)."""
     return {
         "SSR on the bundled model (class-writing prompts)":
-            [make_example("classes", EVAL_SEED_BASE + i).prompt for i in range(3)],
+            ("SSR", [make_example("classes", EVAL_SEED_BASE + i).prompt for i in range(3)]),
         "RSD on the bundled models (arithmetic prompts)":
-            [make_example("arithmetic", EVAL_SEED_BASE + i).prompt for i in range(2)],
-        "Need a real model (e.g. qwen3-1.7b): the bundled one knows only the two tasks above": [
+            ("RSD", [make_example("arithmetic", EVAL_SEED_BASE + i).prompt for i in range(2)]),
+        "Need a real model (e.g. qwen3-1.7b): the bundled one knows only the two tasks above": ("SSR", [
             "Write a Python class Stack with push, pop, peek and is_empty methods, with docstrings.",
-            "Convert this list into a markdown table with columns name and age: Ann 31, Bo 45, Cy 27."],
+            "Convert this list into a markdown table with columns name and age: Ann 31, Bo 45, Cy 27."]),
     }
 
 
@@ -116,8 +117,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                         run_btn = gr.Button("Run", variant="primary")
                         stop_btn = gr.Button("Stop", variant="stop", interactive=False, elem_id="stop")
             with gr.Row(elem_classes="examples"):
-                for label, prompts in examples().items():
-                    gr.Examples([[p] for p in prompts], inputs=[prompt], label=label)
+                for label, (shows, prompts) in examples().items():
+                    gr.Examples([[p, shows] for p in prompts], inputs=[prompt, method], label=label)
             draft_start = _as_sent(gr.Number(value=cfg.draft_start, precision=0, label="Draft start (reasoning tokens)",
                                              elem_id="draft-start", info=_draft_start_info(cfg.max_think)))
             with gr.Accordion("Draft-start sweep", open=False):

@@ -113,13 +113,26 @@ class TraceView:
         self.elapsed = max(self.elapsed, getattr(ev, "t", 0.0) or 0.0)
 
     # ------------------------------------------------------------------ panes
+    def _fork_shown_at(self, at: int) -> int:
+        """Where a fork after ``at`` reasoning tokens is drawn: there, or a few tokens on at the next
+        word boundary, so that the marker never splits a word or a number ("1▼08")."""
+        toks = self.reasoning
+
+        def joined(i: int) -> bool:  # token i continues the word or number before it
+            return 0 < i < len(toks) and toks[i].text[:1].isalnum() and toks[i - 1].text[-1:].isalnum()
+
+        for i in range(at, min(at + 8, len(toks))):
+            if not joined(i):
+                return i
+        return at
+
     def reasoning_html(self) -> str:
         spans = []
-        forks = sorted(self.draft_forks.items(), key=lambda kv: kv[1])
+        forks = sorted(((d, at, self._fork_shown_at(at)) for d, at in self.draft_forks.items()), key=lambda f: f[2])
         for i, tok in enumerate(self.reasoning):
-            for d, at in forks:
-                if at == i:
-                    spans.append(f'<span class="fork" title="draft {d} forked here">▼ draft {d}</span>')
+            for d, at, shown in forks:
+                if shown == i:
+                    spans.append(f'<span class="fork" title="draft {d} forked after {at} reasoning tokens">▼ draft {d}</span>')
             spans += self._step_badge("reasoning", i)
             if self.think_end and tok.text.endswith(self.think_end) and i == len(self.reasoning) - 1:
                 # the marker's piece may carry bytes a byte-level tokenizer held back before it
@@ -127,9 +140,9 @@ class TraceView:
                 spans.append(tok.span(tok.text[:-len(self.think_end)]).replace("</span>", badge))
             else:
                 spans.append(tok.span())
-        for d, at in forks:
-            if at >= len(self.reasoning):
-                spans.append(f'<span class="fork" title="draft {d} forked here">▼ draft {d}</span>')
+        for d, at, shown in forks:
+            if shown >= len(self.reasoning):
+                spans.append(f'<span class="fork" title="draft {d} forked after {at} reasoning tokens">▼ draft {d}</span>')
         return _pane(spans, "The reasoning appears here.")
 
     def _step_badge(self, stream: str, start: int) -> list[str]:
@@ -210,6 +223,32 @@ LEGEND = (
 )
 
 
+# what a strip cell's name means, shown when the pointer rests on it
+TERMS = {
+    "elapsed": "wall time of the run, compiling excluded",
+    "first answer token": "time from the start of the run to its first answer token",
+    "accepted": "answer tokens taken from a draft by prefix verification (share of the answer)",
+    "recovered": "answer tokens taken after a mismatch by suffix matching, or from a verified lookup",
+    "generated": "answer tokens the model picked itself",
+    "rejected": "draft tokens proposed and never taken (struck through in the Draft pane)",
+    "lookup misses": "tokens proposed from the prompt, the reasoning or the answer (context lookup) that "
+                     "verification did not take",
+    "KV cache": "memory of the run's preallocated key/value buffers: every row (main and drafts), every model, "
+                "sized from the budgets",
+    "steps": "compiled: fixed-shape steps through torch.compile, compiled before the run; eager: plain PyTorch "
+             "(the value's tooltip says why)",
+    "verify": "how the capability probe found this model must verify (one token per forward for state-space layers)",
+    "FLOPs": "2 x parameters x tokens processed, summed over every model the run used",
+    "steps kept": "RSD: draft steps the PRM accepted",
+    "steps rewritten": "RSD: draft steps the PRM rejected, rewritten by the target",
+    "vs baseline": "this run's latency over the median of the logged baseline runs that match it on every "
+                   "setting that changes the output or the speed",
+    "rule": "RSD's acceptance rule as run, and where each number came from",
+    "precision": "the dtype of each model the run used",
+}
+LONG_CELLS = {"rule", "vs baseline", "precision", "phase", "same as baseline"}  # cells whose value may wrap
+
+
 def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> str:
     """The live metrics strip; ``compare`` (after a finished run) is
     ``ssr_ui.handlers.Studio.compare_to_baseline``'s: ``{"baselines": 0, ...}`` when no logged
@@ -271,7 +310,9 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
     elif view.phase in ("stopped", "error") and view.method not in ("", "baseline"):
         ended = "was stopped" if view.phase == "stopped" else "failed"
         items.append(("vs baseline", f"none: a run that {ended} is not compared"))
-    cells = "".join(f'<div class="metric"><div class="k">{k}</div><div class="v">{v}</div></div>' for k, v in items)
+    cells = "".join(f'<div class="metric{" long" if k in LONG_CELLS else ""}"><div class="k"'
+                    + (f' title="{html.escape(TERMS[k])}"' if k in TERMS else "") + f'>{k}</div><div class="v">{v}</div></div>'
+                    for k, v in items)
     note = f'<div class="metrics-notice">⚠ {html.escape(view.notice)}</div>' if view.notice else ""
     return f'<div class="strip"><div class="metrics">{cells}</div>{note}</div>'
 

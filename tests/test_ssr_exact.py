@@ -181,7 +181,7 @@ def test_reasoning_lookup_with_holes_is_exact(arch, monkeypatch):
 
     monkeypatch.setattr(RowBatch, "keep", counting_keep)
     lm = model(arch)
-    cfg = RunConfig(max_think=40, max_answer=24, max_draft=30, draft_start=3, num_drafts=2, draft_interval=9)
+    cfg = RunConfig(max_think=48, max_answer=24, max_draft=30, draft_start=3, num_drafts=2, draft_interval=9)
     recovered = 0
     for prompt in PROMPTS:
         for spec in (1, 3, 8):

@@ -379,3 +379,26 @@ def test_benchmark_tab_uploads_runs_shows_progress_tables_and_charts_and_stops(p
     page.get_by_role("combobox", name="Dataset", exact=True).click()
     page.get_by_role("option", name="mini-arith.jsonl").click()
     page.wait_for_function("document.querySelector('.history-table').innerText.includes('baseline')", timeout=30_000)
+
+
+# ----------------------------------------------------------------------------- issue 22, finding 11: layout
+
+@needs_browser
+def test_11_an_rsd_example_sets_rsd_and_the_strip_holds_its_rule_at_two_widths(page):
+    page.get_by_text(make_example("arithmetic", EVAL_SEED_BASE).prompt[:30]).first.click()
+    page.wait_for_function("document.querySelector('#method input[value=RSD]')?.checked", timeout=10_000)
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.wait_for_function("!document.querySelector('#stop').disabled", timeout=30_000)
+    page.wait_for_function("document.querySelector('#stop').disabled", timeout=180_000)
+    inside = """() => {
+        const cell = [...document.querySelectorAll('.metric')].find(m => m.querySelector('.k').innerText === 'rule');
+        const strip = cell.closest('.metrics').getBoundingClientRect(), box = cell.getBoundingClientRect();
+        return [box.left >= strip.left - 1 && box.right <= strip.right + 1, box.right, strip.right];
+    }"""
+    for width in (1400, 760):
+        page.set_viewport_size({"width": width, "height": 1200})
+        page.wait_for_function(f"window.innerWidth === {width}")  # measuring forces the layout
+        fits, right, edge = page.evaluate(inside)
+        assert fits, f"the rule cell ends at {right}px, the strip at {edge}px ({width} px wide)"
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"rsd-strip-{width}.png"), full_page=True)

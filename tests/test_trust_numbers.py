@@ -148,11 +148,11 @@ def test_trust_the_ui_sends_typed_numbers_as_typed_and_shares_the_api_ranges(stu
         studio.config("tiny", temperature=50)
 
 
-@pytest.mark.xfail(strict=True, reason="the forced end-of-thinking marker is the budget's 601st token: the fix "
-                                       "is in engine/methods (ThinkBudget's callers), see the issue 22 report")
-def test_trust_reasoning_never_exceeds_max_think(studio):
-    frame = list(studio.run("hello", "Baseline", "tiny", **SMALL))[-1]
-    assert frame.view.stats.reasoning_tokens <= SMALL["max_think"]  # today 11 for max think 10
+@pytest.mark.parametrize("method", ["Baseline", "SSR"])
+def test_trust_reasoning_never_exceeds_max_think(studio, method):
+    """Finding 8: 600 -> 601 reasoning tokens; the forced marker is now the budget's last token."""
+    frame = list(studio.run("hello", method, "tiny", **SMALL))[-1]
+    assert frame.view.stats.reasoning_tokens == SMALL["max_think"]  # the tiny random model never stops by itself
 
 
 # ----------------------------------------------------------------------------- 10. replays and exports
@@ -215,3 +215,69 @@ def test_trust_an_oversized_trace_is_refused_before_it_is_read(studio, tmp_path,
     big.write_text("x" * 5000)
     with pytest.raises(ValueError, match=r"big.json is 0.0 MB: a trace import reads at most"):
         studio.import_trace(str(big))
+
+
+# ----------------------------------------------------------------------------- 11. layout
+
+def test_trust_the_fork_marker_never_splits_a_word_or_a_number():
+    """Finding 11: "108" was drawn "1▼ draft 0 08"; the marker moves on to the next word boundary."""
+    from ssr_ui.render import Tok, TraceView
+
+    view = TraceView()
+    view.reasoning = [Tok(i, text, "generated", 0.0) for i, text in enumerate(["amber", " has", " 1", "08", " apples"])]
+    view.draft_forks = {0: 3}  # forked after " 1": between the two halves of 108
+    page = view.reasoning_html()
+    assert page.index("▼ draft 0") > page.index("08") and page.index("▼ draft 0") < page.index(" apples")
+    assert "forked after 3 reasoning tokens" in page
+    view.draft_forks = {0: 1}  # at a boundary: drawn where it forked
+    page = view.reasoning_html()
+    assert page.index("amber") < page.index("▼ draft 0") < page.index(" has")
+
+
+def test_trust_a_stopped_compare_charts_the_runs_it_finished(studio):
+    """Finding 11: a Compare stopped midway showed no chart for the runs it had finished."""
+    from ssr_ui.jobs import Job
+
+    job = Job(None, None)
+    frames = []
+    for frame in studio.run("hello", "Compare", "tiny", "tiny-draft", "tiny-prm", job=job, **SMALL):
+        frames.append(frame)
+        if frame.view and frame.view.method == "ssr" and not job.cancelled:
+            job.request_cancel()  # Baseline finished; SSR is running
+    last = frames[-1]
+    assert last.chart is not None and "stopped: 1 of 3 finished" in last.chart.layout.title.text
+    assert list(last.chart.data[0].x) == ["Baseline"]
+
+
+def test_trust_charts_and_strip_read_without_guessing():
+    """Finding 11: the sweep's latency axis starts at 0; the token chart's legend is off its slanted
+    labels; the strip's terms explain themselves; a long cell (RSD's rule) wraps inside the strip."""
+    from ssr_ui.render import TERMS, TraceView, metrics_html
+
+    sweep = charts.sweep_chart([{"draft_start": 10, "ratio": 0.8, "accepted": 3, "recovered": 2},
+                                {"draft_start": 20, "ratio": 0.7, "accepted": 5, "recovered": 1}])
+    assert sweep.layout.yaxis.rangemode == "tozero"
+    rows = [{"id": 1, "method": "ssr", "status": "ok", "accepted": 1, "recovered": 2, "generated": 3}]
+    tokens = charts.token_composition(rows)
+    assert tokens.layout.legend.orientation == "v" and tokens.layout.xaxis.tickangle == -45
+    strip = metrics_html(TraceView(method="rsd", rule="PRM score >= 0.7 (calibrated on seeds 4,000,000-4,000,199)"), "RSD")
+    assert '<div class="metric long"><div class="k" title="' in strip
+    for term in ("lookup misses", "KV cache", "FLOPs", "rejected"):
+        assert TERMS.get(term)
+
+
+# ----------------------------------------------------------------------------- 12. defaults that fit
+
+def test_trust_default_budgets_fit_the_model_loaded(tmp_path, capsys):
+    """Finding 12: the bench on the bundled draft model (context 2048) refused every prompt with
+    its own default budgets (2000 + 1024); the budgets nobody set now fit the model's context."""
+    from engine.tools import bench
+    from engine.wiring import run_config
+
+    cfg = run_config("tiny-reasoner-draft", {})
+    assert cfg.max_think + cfg.max_answer <= 2048 - 512 and cfg.draft_start < cfg.max_think
+    assert run_config("tiny-reasoner-draft", {"max_think": 900}).max_think == 900  # what the user sets is kept
+    assert run_config("tiny-reasoner", {}).max_think == 600  # a model's tuned budgets are its own
+    assert bench.main(["--model", "assets/models/tiny-reasoner-draft", "--methods", "baseline", "--dataset",
+                       "bundled-arithmetic", "--limit", "1", "--warmup", "0", "--out", str(tmp_path / "o.json")]) == 0, \
+        capsys.readouterr().err

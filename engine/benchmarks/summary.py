@@ -135,7 +135,7 @@ COLUMNS = [("method", "method", "{}"), ("accuracy", "accuracy", "{:.1%}"),
            ("median_tokens_per_forward", "answer tok / forward", "{:.2f}"),
            ("median_accepted", "accepted", "{:.0f}"), ("median_recovered", "recovered", "{:.0f}"),
            ("answers_equal_baseline", "= baseline", "{}"),
-           ("median_step_ratio_with_draft", "step x draft", "{:.2f}"),
+           ("median_step_ratio_with_draft", "step s with drafts / alone", "{:.2f}"),
            ("fraction_steps_accepted", "steps kept", "{:.1%}")]
 
 

@@ -1,15 +1,16 @@
 """Budget forcing, written once for every loop that reasons (in process and over a server).
 
-The reasoning gets ``max_think`` tokens. The token after them is not the model's: it is the
-end-of-thinking marker, and the template's tail after the marker (``ThinkMarkers.close_ids[1:]``,
-e.g. the blank line before the answer) is forced in with it and opens the answer. A model that
-closes its thoughts by itself within the budget forces nothing.
+The reasoning gets ``max_think`` tokens, the end-of-thinking marker included (the studio's and
+the run log's reasoning count): the model picks at most ``max_think - 1`` (:attr:`ThinkBudget.picks`),
+and the token after them is not the model's: it is the marker, and the template's tail after the
+marker (``ThinkMarkers.close_ids[1:]``, e.g. the blank line before the answer) is forced in with it
+and opens the answer. A model that closes its thoughts by itself within the budget forces nothing.
 
-Example (``max_think`` 2; the model would think on)::
+Example (``max_think`` 3; the model would think on)::
 
-    budget = ThinkBudget(markers, 2)
+    budget = ThinkBudget(markers, 3)
     budget.spent(1)   # False: the model picks reasoning token 2
-    budget.spent(2)   # True: reasoning token 3 is forced
+    budget.spent(2)   # True: reasoning token 3, the last of the budget, is the forced marker
     budget.force()    # markers.close_id; budget.forced == list(markers.close_ids[1:])
     yield from budget.open_answer(rec)  # the "answer" phase, then the forced tail as answer tokens
 """
@@ -32,9 +33,15 @@ class ThinkBudget:
     max_think: int
     forced: list[int] = field(default_factory=list)  # the tail forced after the marker, once force() ran
 
+    @property
+    def picks(self) -> int:
+        """Reasoning tokens the model may pick itself: the budget's last token is the marker."""
+        return max(self.max_think - 1, 0)
+
     def spent(self, thought: int) -> bool:
-        """Whether ``thought`` reasoning tokens use the budget up, so that the next one is forced."""
-        return thought >= self.max_think
+        """Whether ``thought`` reasoning tokens use the model's share up, so that the next one (the
+        ``max_think``-th at most) is the forced marker."""
+        return thought >= self.picks
 
     def force(self) -> int:
         """The end-of-thinking marker, in place of the model's own token; the template tail after

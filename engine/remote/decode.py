@@ -1,7 +1,7 @@
 """Plain decoding and SSR against a vLLM server: the same events, colours and stats as in process.
 
 ``baseline``: the reasoning is one streamed request (stopped by the server at the end-of-thinking
-marker or an end of sequence, ``max_think`` tokens at most; on reaching the budget the marker and
+marker or an end of sequence, ``max_think - 1`` tokens at most (the marker is the budget's last); on reaching the budget the marker and
 the template tail are appended, as in process), then the answer is a second one.
 
 ``ssr`` (greedy): phase A streams the main reasoning; at each fork point a draft is a duplicated
@@ -51,7 +51,7 @@ def decode_remote_baseline(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iter
     if markers is not None:
         yield rec.phase("reasoning")
         closed = False
-        for tok in _stream(rm, rec, seq, budget.max_think, eos | {markers.close_id}, cfg):
+        for tok in _stream(rm, rec, seq, budget.picks, eos | {markers.close_id}, cfg):
             if tok in eos:
                 ended = True
                 break
@@ -130,7 +130,7 @@ def _reason_and_fork(s: RemoteState, budget: ThinkBudget) -> Iterator[Event]:
     yield rec.phase("reasoning")
     arrivals: queue.Queue = queue.Queue()  # (source, token | None at the end | BackendError)
     stop = threading.Event()
-    pumps = [_pump(rm, s.seq, budget.max_think, eos | {markers.close_id}, "main", arrivals, stop)]
+    pumps = [_pump(rm, s.seq, budget.picks, eos | {markers.close_id}, "main", arrivals, stop)]
     rec.forward()
     live: dict[int, Draft] = {}
     n = 0

@@ -169,7 +169,7 @@ def _reason_and_draft(s: _State, budget: ThinkBudget, first_input: int) -> Itera
         # 2. propose: behind its unfed tokens each row may put a lookup proposal (when rows may
         #    hold holes; a cache that cannot feeds one token per row per step, as the paper does)
         spec = cfg.think_spec if (len(rows) == 1 or lm.layout.holes_ok) else 0
-        room = min(spec, cfg.max_think - n)
+        room = min(spec, budget.picks - n)  # lookups never pass the model's share of the budget
         if len(s.drafts) < cfg.num_drafts:  # land exactly on the next fork
             room = min(room, fork_point(cfg, len(s.drafts)) - n - 1)
         for row in rows:
