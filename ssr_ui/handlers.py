@@ -127,6 +127,9 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             for name in runs:
                 if job.cancelled:
                     break
+                if not self.is_warm(lm, METHOD_NAMES[name], cfg):
+                    yield Frame.note(f"warming up {name} on {model_name} (once per kind of run, untimed, not logged)…")
+                    self.warm(lm, METHOD_NAMES[name], cfg, rsd)
                 view = TraceView(method=METHOD_NAMES[name], think_end=_think_end(lm), exact=cfg.exact,
                                  rule=self.rsd_rule(model_name, cfg) if name == "RSD" else None,
                                  dtypes=_dtypes(lm, rsd if name == "RSD" else {}))
@@ -265,6 +268,8 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             configs = [self.config(model_name, **{**settings, "draft_start": d}).check_ssr() for d in starts]
             lm = self.model(model_name)
             with self._lock:
+                self.warm(lm, "baseline", configs[0])
+                self.warm(lm, "ssr", configs[0])
                 base = TraceView()
                 for _ in self._stream(lm, prompt, "Baseline", configs[0], base, job=job, last=False):
                     pass

@@ -25,6 +25,7 @@ class ModelShelf:
         self._models: dict[str, LoadedModel | RemoteModel] = {}
         self._scorers: dict[str, object] = {}
         self._load_lock = threading.Lock()  # one load at a time
+        self._warm_kinds: set[tuple] = set()  # kinds of run already warmed up (warm)
 
     def _loaded(self, key: str, cache: dict, load):
         """``cache[key]``, loading it (outside the run lock, within ``load_timeout``) if needed."""
@@ -62,6 +63,29 @@ class ModelShelf:
             return lm
 
         return self._loaded(name, self._models, load)
+
+    @staticmethod
+    def _kind(lm, method: str, cfg) -> tuple:
+        return id(lm), method, cfg.exact, cfg.compile, cfg.num_drafts > 1, cfg.think_spec > 0
+
+    def is_warm(self, lm, method: str, cfg) -> bool:
+        return self._kind(lm, method, cfg) in self._warm_kinds
+
+    def warm(self, lm, method: str, cfg, rsd: dict | None = None) -> None:
+        """Run ``method`` once, untimed and unlogged, on short budgets, the first time this kind of
+        run (model, method, exact route, compiled steps, drafts, lookups) meets this model, as the
+        bench's warm-up does: a first run's one-off costs (first shapes, lazy setup, first
+        allocations) never reach the log, the strip or a median."""
+        if self.is_warm(lm, method, cfg):
+            return
+        from engine.registry import decoder  # (the shelf loads models; running one is the studio's)
+
+        small = cfg.replace(max_think=min(cfg.max_think, 24), max_answer=min(cfg.max_answer, 8),
+                            max_draft=min(cfg.max_draft, 8), draft_start=min(cfg.draft_start, 8), draft_interval=4,
+                            max_steps=min(cfg.max_steps, 3))
+        rsd = rsd or {}
+        list(decoder(method, lm, rsd.get("draft"), rsd.get("scorer"))("warm up", small))
+        self._warm_kinds.add(self._kind(lm, method, cfg))
 
     def add_model(self, name: str, model: LoadedModel | RemoteModel) -> None:
         """Serve an already loaded ``model`` under ``name`` (scripts, tests, a caller's own model)."""

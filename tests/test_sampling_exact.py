@@ -63,7 +63,7 @@ def exact_law(lm, cfg: RunConfig) -> tuple[dict, float]:
                 answer([*ids, tok], reasoning, (*ans, tok), p * q)
 
     def reason(ids, reasoning, p):
-        if len(reasoning) == cfg.max_think:  # budget forcing
+        if len(reasoning) == cfg.max_think - 1:  # budget forcing: the marker is the budget's last token
             tail = markers.close_ids[1:]
             return answer([*ids, *markers.close_ids], (*reasoning, markers.close_id), tuple(tail), p)
         for tok, q in enumerate(dist(ids)):

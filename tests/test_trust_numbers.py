@@ -281,3 +281,32 @@ def test_trust_default_budgets_fit_the_model_loaded(tmp_path, capsys):
     assert bench.main(["--model", "assets/models/tiny-reasoner-draft", "--methods", "baseline", "--dataset",
                        "bundled-arithmetic", "--limit", "1", "--warmup", "0", "--out", str(tmp_path / "o.json")]) == 0, \
         capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- 1. cold runs
+
+def test_trust_the_first_run_of_a_kind_is_warmed_untimed_and_never_logged(studio, monkeypatch):
+    """Finding 1: the first run after a start counted as a normal run. The studio now runs each
+    kind of run once on short budgets before its first timed run (as the bench warms up): the
+    warm-up is neither logged nor shown; later runs of that kind start at once."""
+    from ssr_ui import handlers
+
+    calls = []
+    real = handlers.decoder
+
+    def counting(method, *args):
+        decode = real(method, *args)
+        return lambda prompt, cfg: (calls.append((method, prompt)), decode(prompt, cfg))[1]
+
+    monkeypatch.setattr(handlers, "decoder", counting)
+    import engine.registry
+
+    monkeypatch.setattr(engine.registry, "decoder", counting)
+    frames = list(studio.run("hello", "SSR", "tiny", **SMALL))
+    assert calls == [("ssr", "warm up"), ("ssr", "hello")]
+    assert any("warming up SSR" in f.metrics for f in frames)
+    list(studio.run("hello again", "SSR", "tiny", **SMALL))
+    assert calls[-1] == ("ssr", "hello again") and len(calls) == 3  # warm already
+    assert [r["prompt"] for r in studio.history()] == ["hello again", "hello"]  # the warm-up is not logged
+    list(studio.run("hello", "SSR", "tiny", **{**SMALL, "exact": True}))
+    assert ("ssr", "warm up") in calls[3:]  # exact mode is another kind of run: warmed on its own
