@@ -117,8 +117,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                         run_btn = gr.Button("Run", variant="primary")
                         stop_btn = gr.Button("Stop", variant="stop", interactive=False, elem_id="stop")
             with gr.Row(elem_classes="examples"):
-                for label, (shows, prompts) in examples().items():
-                    gr.Examples([[p, shows] for p in prompts], inputs=[prompt, method], label=label)
+                example_sets = [(gr.Examples([[p] for p in prompts], inputs=[prompt], label=label), shows)
+                                for label, (shows, prompts) in examples().items()]
             draft_start = _as_sent(gr.Number(value=cfg.draft_start, precision=0, label="Draft start (reasoning tokens)",
                                              elem_id="draft-start", info=_draft_start_info(cfg.max_think)))
             with gr.Accordion("Draft-start sweep", open=False):
@@ -321,6 +321,9 @@ def build_app(studio: Studio) -> gr.Blocks:
         def show_run(runs, which):
             frame = runs[which]
             return (*frame.as_tuple()[:4], frame.view, _draft_picker(frame))
+
+        for example_set, shows in example_sets:  # picking an example sets the method it shows
+            example_set.dataset.click(lambda shows=shows: shows, None, [method], **PRIVATE)
 
         run_pick.input(show_run, [last_runs, run_pick],
                        [reasoning_pane, draft_pane, answer_pane, metrics, last_view, draft_pick], **PRIVATE)
