@@ -16,6 +16,7 @@ import sys
 from starlette.middleware import Middleware
 
 from engine.remote.model import check_backend
+from engine.remote.served import SPECULATIONS
 from engine.runlog import RunLogError
 from engine.runtime.compiled import COMPILE_MODES
 from ssr_ui.export import MAX_TRACE_BYTES
@@ -43,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.add_argument(f"--{role}base-url", default=None, help=f"run {flag} on a vLLM server at this URL (docs/SCALING.md)")
         ap.add_argument(f"--{role}served-model", default=None, help=f"that server's name for {flag} (default: what it serves)")
     ap.add_argument("--api-key", default=None, help="the vLLM servers' API key, if they ask for one")
+    ap.add_argument("--server-speculation", choices=SPECULATIONS, default=None,
+                    help="--base-url's server speculates by itself with this method (vLLM --speculative-config): "
+                         "SSR lets it verify from the drafts (docs/SCALING.md)")
     ap.add_argument("--compile", choices=COMPILE_MODES, default="auto",
                     help="compiled fixed-shape steps (torch.compile, CUDA graphs): auto = on CUDA only")
     ap.add_argument("--max-run-seconds", type=float, default=MAX_RUN_S, help="a run still going after this is stopped")
@@ -53,16 +57,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def servers(args: argparse.Namespace) -> dict:
     """The models given a vLLM server, by name: what ``engine.remote.model.connect`` needs."""
-    return {name: {"base_url": url, "api_key": args.api_key, "served_name": served}
-            for name, url, served in ((args.model, args.base_url, args.served_model),
-                                      (args.draft_model, args.draft_base_url, args.draft_served_model),
-                                      (args.prm, args.prm_base_url, args.prm_served_model)) if url}
+    return {name: {"base_url": url, "api_key": args.api_key, "served_name": served, "speculation": speculation}
+            for name, url, served, speculation in (
+                (args.model, args.base_url, args.served_model, args.server_speculation),
+                (args.draft_model, args.draft_base_url, args.draft_served_model, None),
+                (args.prm, args.prm_base_url, args.prm_served_model, None)) if url}
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         check_backend(args.backend, args.base_url)
+        if args.server_speculation and not args.base_url:
+            raise ValueError("--server-speculation describes the --base-url server: give --base-url too")
         studio = Studio(args.model, args.db, args.device, args.draft_model, args.prm, args.load_timeout,
                         args.max_run_seconds, args.compile, servers(args), args.max_cache_gb)
     except (ValueError, RunLogError) as err:

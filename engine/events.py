@@ -43,7 +43,9 @@ class TokenEvent:
     status: str
     token_id: int
     text: str  # decoded piece; a stream's pieces concatenate to its decoded text
-    position: int  # index of the token within its stream (within its draft for "draft")
+    position: int  # index of the token within its stream (within its draft for "draft"); a position already
+    # seen is a new verdict on that token (a draft token taken or rejected; an answer token a server's own
+    # speculation turned out to have accepted, known when its request ends)
     t: float
     draft: int | None = None  # which draft ("draft" stream, or an answer token taken from a draft)
     source: str | None = None  # for recovered tokens: "draft", "prompt", "reasoning" or "answer"
@@ -95,6 +97,14 @@ class RunStats:
     target_s: float = 0.0
     draft_s: float = 0.0
     prm_s: float = 0.0
+    # SSR on a server that speculates by itself (engine.remote.served): its method as declared, what its
+    # per-request metrics reported (proposed tokens accepted, proposed, verify steps), and a sentence when
+    # the run contradicts the declaration (no metrics, nothing proposed)
+    server_speculation: str = ""
+    server_accepted: int = 0
+    server_proposed: int = 0
+    server_steps: int = 0
+    server_note: str = ""
     mean_reward_accepted: float | None = None
     mean_reward_rejected: float | None = None
 
@@ -153,6 +163,7 @@ class TokenTally:
         self.stats = stats
         self.steps_kept = self.steps_rewritten = 0
         self._draft_status: dict[tuple[int | None, int], str] = {}  # each draft token's latest status
+        self._answer_status: list[str] = []  # each answer token's latest status
 
     def add(self, ev: Event) -> None:
         s = self.stats
@@ -160,7 +171,13 @@ class TokenTally:
             if ev.stream == "reasoning":
                 s.reasoning_tokens += 1
             elif ev.stream == "answer":
-                s.answer_tokens += 1
+                if ev.position < len(self._answer_status):  # a new verdict: the token moves between counts
+                    before = self._answer_status[ev.position]
+                    setattr(s, before, getattr(s, before) - 1)
+                    self._answer_status[ev.position] = ev.status
+                else:
+                    s.answer_tokens += 1
+                    self._answer_status.append(ev.status)
                 setattr(s, ev.status, getattr(s, ev.status) + 1)  # accepted / recovered / generated
             else:
                 before = self._draft_status.get((ev.draft, ev.position))

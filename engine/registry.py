@@ -25,6 +25,7 @@ from engine.methods.rsd.writer import LocalWriter, StepWriter
 from engine.methods.ssr.loop import decode_ssr
 from engine.remote.decode import decode_remote_baseline, decode_remote_ssr
 from engine.remote.model import RemoteModel
+from engine.remote.served import decode_served_ssr
 from engine.remote.steps import RemoteWriter
 from engine.runtime.model import LoadedModel
 
@@ -58,6 +59,8 @@ def decoder(name: str, target: LoadedModel | RemoteModel, draft: LoadedModel | N
     check_method(name)
     if isinstance(target, RemoteModel) and name not in (*ON_A_SERVER, *RSD_METHODS):
         raise ValueError(f"method {name!r} runs in process only; on a vLLM server: {', '.join((*ON_A_SERVER, *RSD_METHODS))}")
+    if isinstance(target, RemoteModel) and name == "ssr" and target.speculation:
+        return partial(decode_served_ssr, target)  # the server speculates from the drafts: no client-side verify
     if isinstance(target, RemoteModel) and name in ON_A_SERVER:
         return partial(ON_A_SERVER[name], target)
     if name in SINGLE_MODEL:

@@ -32,6 +32,7 @@ class Server:
     api_key: str | None = None
     served_name: str | None = None
     transport: object = None
+    speculation: str | None = None  # the server's own speculative method, as declared (--server-speculation)
 
 
 def run_config(model: str, settings: dict) -> RunConfig:
@@ -66,7 +67,8 @@ def load_role(name: str, device: str | None = None, server: Server | None = None
     random weights when asked: the architecture's real per-token cost, offline). A draft (given
     its ``target``) must share the target's tokenizer."""
     if server is not None:
-        lm = connect(name, server.base_url, server.api_key, server.served_name, transport=server.transport)
+        lm = connect(name, server.base_url, server.api_key, server.served_name, transport=server.transport,
+                     speculation=server.speculation)
     elif random_weights:
         lm = random_weights_model(name, device)
     else:

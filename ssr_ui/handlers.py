@@ -191,6 +191,8 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         if self.log.notice and not view.notice:
             view.notice, self.log.notice = self.log.notice, None
         s = view.stats
+        if s and s.server_note:  # the server contradicted its declared speculation: said, never hidden
+            view.notice = view.notice or s.server_note
         if method == "rsd" and s and s.steps_rejected > RSD_MOSTLY_REWRITTEN * (s.steps_accepted + s.steps_rejected):
             view.notice = view.notice or (
                 f"the PRM rejected {s.steps_rejected} of {s.steps_accepted + s.steps_rejected} draft steps, so the "

@@ -96,7 +96,10 @@ class TraceView:
             if ev.stream == "reasoning":
                 self.reasoning.append(tok)
             elif ev.stream == "answer":
-                self.answer.append(tok)
+                if ev.position < len(self.answer):  # a verdict on an answer token (a server's speculation)
+                    self.answer[ev.position].verdict(ev.status, ev.source, ev.match_len)
+                else:
+                    self.answer.append(tok)
             else:
                 toks = self.drafts.setdefault(ev.draft, [])
                 if ev.position < len(toks):  # a verdict on an existing draft token
@@ -237,7 +240,6 @@ TERMS = {
                 "sized from the budgets",
     "steps": "compiled: fixed-shape steps through torch.compile, compiled before the run; eager: plain PyTorch "
              "(the value's tooltip says why)",
-    "verify": "how the capability probe found this model must verify (one token per forward for state-space layers)",
     "FLOPs": "2 x parameters x tokens processed, summed over every model the run used",
     "steps kept": "RSD: draft steps the PRM accepted",
     "steps rewritten": "RSD: draft steps the PRM rejected, rewritten by the target",
@@ -245,8 +247,12 @@ TERMS = {
                    "setting that changes the output or the speed",
     "rule": "RSD's acceptance rule as run, and where each number came from",
     "precision": "the dtype of each model the run used",
+    "server speculation": "the server's own speculative method (declared with --server-speculation) and what its "
+                          "per-request metrics reported; green answer tokens are the ones it accepted",
+    "verify": "where SSR's verifies ran: in the model's own steps, on a speculating server, or as client-side "
+              "verify requests",
 }
-LONG_CELLS = {"rule", "vs baseline", "precision", "phase", "same as baseline"}  # cells whose value may wrap
+LONG_CELLS = {"rule", "vs baseline", "precision", "phase", "same as baseline", "server speculation"}  # cells whose value may wrap
 
 
 def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> str:
@@ -279,6 +285,13 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         items.append(("steps", f'<span title="{html.escape(view.stats.step_mode)}">{steps}</span>'))
     if view.stats and (view.stats.verify or "").startswith("one token"):  # the probe routed this model's verifies
         items.append(("verify", f'<span title="{html.escape(view.stats.verify)}">one token per step</span>'))
+    elif view.stats and (view.stats.verify or "").startswith(("on the server", "client-side")):
+        items.append(("verify", html.escape(view.stats.verify.split(":")[0])))
+    if view.stats and view.stats.server_speculation:
+        s = view.stats
+        figures = (f"{html.escape(s.server_speculation)}: {s.server_accepted} of {s.server_proposed} proposed tokens "
+                   f"accepted in {s.server_steps} verify steps (colours reconstructed from its stream)")
+        items.append(("server speculation", figures))
     if view.stats and view.stats.cache_mb:
         items.append(("KV cache", si(view.stats.cache_mb * 2**20) + "B"))
     if view.steps:  # RSD keeps or rewrites whole steps: it recovers no tokens

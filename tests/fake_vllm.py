@@ -8,6 +8,14 @@ then ``[DONE]``) or not, with
 holding the prompt's own token and the rank-1 token). As in vLLM, a stop token or the end of
 sequence is the last generated id. ``fail`` injects a fault: "down", "http500", "cut" (a stream
 that ends mid-way), "no-prompt-logprobs".
+
+``speculation="suffix"`` makes it speculate as vLLM's suffix method does, losslessly: after the
+prefill, each step proposes up to ``SPEC_TOKENS`` tokens that followed the longest recent suffix of
+this output in any other request's output (running or done), keeps the ones the model's own greedy
+tokens confirm, and streams the step's accepted tokens plus the one it picked as one chunk. With
+``stream_options.include_usage`` the last chunk carries vLLM's per-request metrics
+(``metrics.speculative_decoding``, the ``--per-request-spec-decode-metrics detailed`` shape), unless
+``spec_metrics=False`` (a server started without that flag).
 """
 
 from __future__ import annotations
@@ -21,10 +29,15 @@ import torch
 from engine.runtime.cached import CachedModel
 from engine.runtime.model import LoadedModel
 
+SPEC_TOKENS = 8
+
 
 class FakeVllm:
-    def __init__(self, lm: LoadedModel, name: str = "tiny", fail: str | None = None) -> None:
+    def __init__(self, lm: LoadedModel, name: str = "tiny", fail: str | None = None, speculation: str | None = None,
+                 spec_metrics: bool = True) -> None:
         self.lm, self.name, self.fail = lm, name, fail
+        self.speculation, self.spec_metrics = speculation, spec_metrics
+        self.outputs: list[list[int]] = []  # every streamed request's output so far: the suffix method's material
         self.requests: list[dict] = []
         self._lock = threading.Lock()  # one forward at a time, as one model would
 
@@ -71,17 +84,65 @@ class FakeVllm:
             with self._lock:
                 logits = seq.feed([tok])
 
+    def _steps(self, body: dict):
+        """The generated tokens grouped by engine step, and the per-step (accepted, proposed) figures:
+        one token a step, or (speculating) a step's accepted proposal plus the token it picked."""
+        out: list[int] = []
+        with self._lock:
+            self.outputs.append(out)
+        tokens = self._tokens(body)
+        first = next(tokens, None)
+        if first is None:
+            return
+        out.append(first[0])
+        yield [first], None
+        for tok in tokens:
+            proposal = self._propose(out) if self.speculation else []
+            step = [tok]
+            while len(step) <= len(proposal) and step[-1][0] == proposal[len(step) - 1] and step[-1][1] is None:
+                nxt = next(tokens, None)
+                if nxt is None:
+                    break
+                step.append(nxt)
+            out.extend(t[0] for t in step)
+            yield step, ((len(step) - 1, len(proposal)) if proposal else None)
+
+    def _propose(self, out: list[int]) -> list[int]:
+        """What followed the longest suffix (2..8 tokens) of ``out`` in another request's output."""
+        with self._lock:
+            others = [o for o in self.outputs if o is not out]
+        for m in range(min(8, len(out)), 1, -1):
+            tail = out[-m:]
+            for o in others:
+                for i in range(len(o) - m, -1, -1):
+                    if o[i:i + m] == tail and i + m < len(o):
+                        return o[i + m:i + m + SPEC_TOKENS]
+        return []
+
     def _sse(self, body: dict):
-        for n, (tok, finish, stop_reason, logprob) in enumerate(self._tokens(body)):
-            if self.fail == "cut" and n == 3:
+        figures = []
+        n = 0
+        for step, figure in self._steps(body):
+            if self.fail == "cut" and n >= 3:
                 return  # the connection drops: no finish_reason, no [DONE]
-            text = self.lm.tokenizer.decode([tok])
-            logprobs = {"text_offset": [0], "token_logprobs": [logprob], "tokens": [text],
-                        "top_logprobs": [{text: logprob}]} if body.get("logprobs") else None
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
-                      "stop_reason": stop_reason, "prompt_token_ids": body["prompt"] if n == 0 else None,
-                      "token_ids": [tok]}
+            if figure is not None:
+                figures.append(figure)
+            ids = [t[0] for t in step]
+            text = self.lm.tokenizer.decode(ids)
+            logprobs = {"text_offset": [0] * len(ids), "token_logprobs": [t[3] for t in step], "tokens": [text],
+                        "top_logprobs": [{text: t[3]} for t in step]} if body.get("logprobs") else None
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": step[-1][1],
+                      "stop_reason": step[-1][2], "prompt_token_ids": body["prompt"] if n == 0 else None,
+                      "token_ids": ids}
+            n += len(ids)
             yield f"data: {json.dumps(_chunk(self.name, choice))}\n\n".encode()
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": self.name, "choices": [],
+                     "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": n,
+                               "total_tokens": len(body["prompt"]) + n}}
+            if self.speculation and self.spec_metrics:
+                usage["metrics"] = {"speculative_decoding": _spec_metrics(figures)}
+            yield f"data: {json.dumps(usage)}\n\n".encode()
         yield b"data: [DONE]\n\n"
 
     def _complete(self, body: dict) -> dict:
@@ -123,6 +184,19 @@ class FakeVllm:
         return {"id": "pooling-fake", "object": "list", "model": self.name,
                 "data": [{"index": 0, "object": "pooling", "data": rows}],
                 "usage": {"prompt_tokens": len(ids), "total_tokens": len(ids)}}
+
+
+def _spec_metrics(figures: list[tuple[int, int]]) -> dict:
+    """vLLM's ``RequestSpecDecodeMetrics.to_dict()`` for steps of (accepted, proposed)."""
+    histogram = [0] * (SPEC_TOKENS + 1)
+    for accepted, _ in figures:
+        histogram[accepted] += 1
+    accepted, proposed = sum(a for a, _ in figures), sum(p for _, p in figures)
+    return {"mean_acceptance_length": 1.0 + accepted / len(figures) if figures else 1.0,
+            "draft_acceptance_rate": accepted / proposed if proposed else 0.0, "acceptance_histogram": histogram,
+            "num_spec_steps": len(figures), "num_accepted_draft_tokens": accepted, "num_draft_tokens": proposed,
+            "num_spec_tokens": SPEC_TOKENS, "per_step_accepted": [a for a, _ in figures],
+            "per_step_drafted": [p for _, p in figures]}
 
 
 def _chunk(model: str, choice: dict) -> dict:

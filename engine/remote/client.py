@@ -56,13 +56,19 @@ class VllmClient:
 
     def stream(self, prompt: list[int], max_tokens: int, stop_ids: frozenset[int] | set[int] = frozenset(),
                temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-               logprobs: bool = False) -> Iterator:
+               logprobs: bool = False, metrics: dict | None = None, chunks: list | None = None) -> Iterator:
         """The tokens the server generates after ``prompt``, one at a time, up to ``max_tokens``;
         a token in ``stop_ids`` ends the stream and is yielded last. With ``logprobs``, pairs
-        ``(token, its log-probability)`` (the model's own, before temperature)."""
+        ``(token, its log-probability)`` (the model's own, before temperature). With ``metrics``
+        (a dict), the request asks for its usage chunk, and the per-request metrics the server sends
+        there (``speculative_decoding``, with ``--per-request-spec-decode-metrics``) fill it. With
+        ``chunks`` (a list), the number of tokens in each streamed chunk is appended to it: one
+        engine step's output, so a speculating server's chunk of k tokens accepted k - 1."""
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
                 "top_p": top_p, "stream": True, "return_token_ids": True, "skip_special_tokens": False,
                 "stop_token_ids": sorted(stop_ids), "ignore_eos": False}
+        if metrics is not None:
+            body["stream_options"] = {"include_usage": True}
         if seed is not None:
             body["seed"] = seed
         if logprobs:
@@ -78,11 +84,18 @@ class VllmClient:
                     if data == "[DONE]":
                         finished = True
                         break
-                    choice = self._choice(json.loads(data))
+                    doc = json.loads(data)
+                    if metrics is not None and isinstance(doc.get("metrics"), dict):
+                        metrics.update(doc["metrics"])
+                    if metrics is not None and not doc.get("choices"):  # the usage chunk: no tokens
+                        continue
+                    choice = self._choice(doc)
                     ids = choice.get("token_ids")
                     if ids is None:
                         raise BackendError(f"{self.base_url} returned no token ids (return_token_ids needs vLLM "
                                            ">= 0.10.2)")
+                    if chunks is not None and ids:
+                        chunks.append(len(ids))
                     if logprobs:
                         yield from zip(ids, (choice.get("logprobs") or {}).get("token_logprobs") or [], strict=False)
                     else:

@@ -84,6 +84,7 @@ def decode_remote_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[
         raise ValueError("think_spec (reasoning lookups) runs in process only: set it to 0 for a vLLM server")
     prompt_ids = rm.prompt_ids(prompt)
     rec = _recorder(rm, "ssr", prompt_ids)
+    rec.stats.verify = "client-side: one verify request per proposal (the server does not speculate)"
     index = SuffixIndex(cfg.min_match)
     index.extend("prompt", prompt_ids)
     state = RemoteState(rm, cfg, rec, index, prompt_ids)
@@ -122,14 +123,17 @@ class RemoteState:
         return accepted, nxt
 
 
-def _reason_and_fork(s: RemoteState, budget: ThinkBudget) -> Iterator[Event]:
+def _reason_and_fork(s: RemoteState, budget: ThinkBudget, drafts_stop: threading.Event | None = None) -> Iterator[Event]:
     """Phase A: the main reasoning and the drafts, each a streamed request, as their tokens arrive.
-    Ends with ``s.ended``, or with ``s.seq`` holding the reasoning but its closing marker."""
+    Ends with ``s.ended``, or with ``s.seq`` holding the reasoning but its closing marker. The drafts'
+    requests are aborted when it ends, unless the caller owns ``drafts_stop`` (and sets it later: a
+    speculating server reads the drafts while it writes the answer); the main request always ends here."""
     cfg, rec, rm, markers = s.cfg, s.rec, s.lm, budget.markers
     eos = rm.eos_ids
     yield rec.phase("reasoning")
     arrivals: queue.Queue = queue.Queue()  # (source, token | None at the end | BackendError)
-    stop = threading.Event()
+    stop = threading.Event()  # the main request's
+    drafts = drafts_stop or stop
     pumps = [_pump(rm, s.seq, budget.picks, eos | {markers.close_id}, "main", arrivals, stop)]
     rec.forward()
     live: dict[int, Draft] = {}
@@ -142,7 +146,7 @@ def _reason_and_fork(s: RemoteState, budget: ThinkBudget) -> Iterator[Event]:
                 if len(d.tokens) < cfg.max_draft:
                     live[d.index] = d
                     pumps.append(_pump(rm, s.seq + list(markers.close_ids), cfg.max_draft - len(d.tokens), eos, d.index,
-                                       arrivals, stop))
+                                       arrivals, drafts))
                     rec.forward()
                 else:
                     d.finished = True

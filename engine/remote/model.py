@@ -26,8 +26,11 @@ class RemoteModel:
     dtype = "as served"  # the server's precision (its --dtype)
 
     def __init__(self, client: VllmClient, tokenizer, model_id: str, markers: ThinkMarkers | None,
-                 eos_ids: frozenset[int] | None = None) -> None:
+                 eos_ids: frozenset[int] | None = None, speculation: str | None = None) -> None:
         self.client, self.tokenizer, self.model_id, self.markers = client, tokenizer, model_id, markers
+        # the server's own speculative method as its operator declared it ("suffix"; None: it does not
+        # speculate), which vLLM's API does not expose: SSR then lets the server verify (engine.remote.served)
+        self.speculation = speculation
         eos = tokenizer.eos_token_id
         self.eos_ids = eos_ids if eos_ids is not None else frozenset({int(eos)} if eos is not None else set())
 
@@ -67,7 +70,7 @@ def check_backend(backend: str | None, base_url: str | None) -> None:
 
 
 def connect(name: str, base_url: str, api_key: str | None = None, served_name: str | None = None,
-            timeout: float = 120.0, transport=None) -> RemoteModel:
+            timeout: float = 120.0, transport=None, speculation: str | None = None) -> RemoteModel:
     """A model on a vLLM server at ``base_url``; ``name`` (a bundled name, preset, local folder or
     Hub id) gives the tokenizer, ``served_name`` the server's name for it (default: what the server
     serves, if one model). Checks the server before anything runs."""
@@ -80,4 +83,4 @@ def connect(name: str, base_url: str, api_key: str | None = None, served_name: s
         raise ModelLoadError(f"could not load the tokenizer of {path!r}: {str(err).splitlines()[0]}") from None
     client = VllmClient(base_url, served_name, api_key, timeout, transport)
     client.check()
-    return RemoteModel(client, tokenizer, name, find_markers(tokenizer, preset))
+    return RemoteModel(client, tokenizer, name, find_markers(tokenizer, preset), speculation=speculation or None)

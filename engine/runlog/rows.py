@@ -36,7 +36,14 @@ def row_event(r: dict) -> Event:
 
 
 def stream_text(events: list[Event], stream: str) -> str:
-    return "".join(e.text for e in events if isinstance(e, TokenEvent) and e.stream == stream)
+    """A stream's text: each position's piece once (a later verdict on a token repeats its piece)."""
+    seen: set[tuple[int | None, int]] = set()
+    pieces = []
+    for e in events:
+        if isinstance(e, TokenEvent) and e.stream == stream and (e.draft, e.position) not in seen:
+            seen.add((e.draft, e.position))
+            pieces.append(e.text)
+    return "".join(pieces)
 
 
 def partial_stats(method: str, events: list[Event]) -> RunStats:

@@ -24,6 +24,7 @@ face value is printed as a warning.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -46,6 +47,7 @@ from engine.methods.rsd.loop import RSD_METHODS
 from engine.registry import METHODS, check_method, decoder
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel, check_backend
+from engine.remote.served import SPECULATIONS
 from engine.runlog import RunLog
 from engine.runtime.compiled import COMPILE_MODES
 from engine.runtime.model import ModelLoadError, SSRUnsupportedError
@@ -130,6 +132,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--base-url", default=None, help="run --model on a vLLM server at this URL (e.g. "
                     "http://host:8000): baseline, ssr and RSD's target; --model still names it, for its tokenizer")
     ap.add_argument("--served-model", default=None, help="the server's name for the model (default: what it serves)")
+    ap.add_argument("--server-speculation", choices=SPECULATIONS, default=None,
+                    help="the --base-url server runs this speculative method itself (vLLM --speculative-config; "
+                         "suffix draws on the drafts): SSR then sends its drafts and lets the server verify "
+                         "(docs/SCALING.md); needs --per-request-spec-decode-metrics detailed there")
     ap.add_argument("--draft-base-url", default=None, help="RSD's draft model on a vLLM server at this URL")
     ap.add_argument("--draft-served-model", default=None, help="that server's name for the draft model")
     ap.add_argument("--prm-base-url", default=None, help="RSD's PRM on a vLLM server at this URL (math-shepherd "
@@ -167,8 +173,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.random_weights and set(methods) & {"rsd", "target", "draft"}:
             raise ValueError("--random-weights measures single-model methods; RSD needs trained models")
         check_backend(args.backend, args.base_url)
-        lm = load_role(args.model, args.device, _server(args.base_url, args.api_key, args.served_model),
-                       random_weights=args.random_weights)
+        if args.server_speculation and not args.base_url:
+            raise ValueError("--server-speculation describes the --base-url server: give --base-url too")
+        target_server = _server(args.base_url, args.api_key, args.served_model)
+        if target_server is not None:
+            target_server = dataclasses.replace(target_server, speculation=args.server_speculation)
+        lm = load_role(args.model, args.device, target_server, random_weights=args.random_weights)
         if isinstance(lm, RemoteModel):
             for m in methods:
                 decoder(m, lm)  # a method that does not run on a server says so now
