@@ -16,7 +16,7 @@ import sys
 from starlette.middleware import Middleware
 
 from engine.remote.model import check_backend
-from engine.remote.served import SPECULATIONS
+from engine.remote.speculation import SPECULATIONS
 from engine.runlog import RunLogError
 from engine.runtime.compiled import COMPILE_MODES
 from ssr_ui.export import MAX_TRACE_BYTES

@@ -12,7 +12,7 @@ from engine.methods.baseline import decode_baseline
 from engine.registry import decoder
 from engine.remote.client import VllmClient
 from engine.remote.model import RemoteModel
-from engine.remote.served import RECONSTRUCTED, engine_steps
+from engine.remote.speculation import RECONSTRUCTED, engine_steps
 from engine.runtime.model import load_model
 from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 from engine.wiring import run_config

@@ -47,7 +47,7 @@ from engine.methods.rsd.loop import RSD_METHODS
 from engine.registry import METHODS, check_method, decoder
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel, check_backend
-from engine.remote.served import SPECULATIONS
+from engine.remote.speculation import SPECULATIONS
 from engine.runlog import RunLog
 from engine.runtime.compiled import COMPILE_MODES
 from engine.runtime.model import ModelLoadError, SSRUnsupportedError

@@ -1,0 +1,89 @@
+"""What a server's own speculation did to one streamed request, rebuilt from the stream and the
+per-request metrics vLLM reports in its last chunk (``--per-request-spec-decode-metrics detailed``):
+which tokens it accepted (one chunk is one engine step, unless the server merged several for a
+slow reader), recorded as new verdicts on those tokens and as the run's ``server_*`` figures."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from engine.events import Event
+from engine.methods.recorder import Recorder
+
+SPECULATIONS = ("suffix", "ngram")  # server methods a run can declare (suffix draws on other requests' outputs)
+RECONSTRUCTED = "the server's speculation (reconstructed)"
+
+
+def recolour(drafts: list, rec: Recorder, offset: int, chunks: list[int], spec: dict | None) -> Iterator[Event]:
+    """Mark the answer tokens (from position ``offset``) the server's speculation accepted, from the
+    stream's ``chunks`` fitted to its metrics ``spec``, each accepted run with the draft of ``drafts``
+    it matches; record the server's figures, or a sentence where the server contradicts its
+    declared speculation."""
+    st = rec.stats
+    if not spec:
+        st.server_note = (f"declared {st.server_speculation} speculation, but the server sent no per-request "
+                          "speculative metrics: start it with --speculative-config and "
+                          "--per-request-spec-decode-metrics detailed (docs/SCALING.md)")
+        return
+    st.server_accepted = int(spec.get("num_accepted_draft_tokens", 0))
+    st.server_proposed = int(spec.get("num_draft_tokens", 0))
+    st.server_steps = int(spec.get("num_spec_steps", 0))
+    if not st.server_proposed:
+        st.server_note = f"the server's {st.server_speculation} speculation proposed nothing on this answer"
+    answer = rec.streams.get(("answer", None), [])
+    steps = engine_steps(chunks, spec.get("per_step_accepted"))
+    if steps is None:
+        st.server_note = st.server_note or (f"the server accepted {st.server_accepted} proposed tokens; its stream "
+                                            "and its metrics do not say which, so the answer is not recoloured")
+        return
+    p = offset
+    for accepted in steps:  # a step gives its accepted tokens, then the one it picked
+        run = answer[p:min(p + accepted, len(answer))]
+        if run:
+            where = _in_drafts(drafts, run)
+            source = RECONSTRUCTED + (f": draft {where[0]} at {where[1]}" if where else "")
+            for j in range(len(run)):
+                yield rec.answer_status(p + j, "accepted", source, where[0] if where else None, len(run))
+        p += accepted + 1
+
+
+def engine_steps(chunks: list[int], per_step_accepted: list[int] | None) -> list[int] | None:
+    """The accepted count of each of the request's engine steps, in order (0 for the prefill and for
+    steps nothing was proposed in), from the stream's chunk sizes and the server's per-step figures
+    (which list only steps with a proposal). One chunk is one step unless the server merged the
+    outputs of several for a slow reader; then the steps are fitted into the chunks in order, each
+    speculative step as early as it fits. None when they cannot be fitted (no colours are guessed)."""
+    if per_step_accepted is None or not chunks:
+        return None
+    spec = list(per_step_accepted)
+    plain = sum(chunks) - sum(a + 1 for a in spec)  # the prefill's token and the steps with no proposal
+    if plain < 1:
+        return None
+    out, k = [0], 0  # the prefill
+    plain -= 1
+    room = chunks[0] - 1
+    for c in [None, *chunks[1:]]:
+        room += c or 0
+        while room > 0:
+            if k < len(spec) and spec[k] + 1 <= room:
+                out.append(spec[k])
+                room -= spec[k] + 1
+                k += 1
+            elif plain > 0:
+                out.append(0)
+                room -= 1
+                plain -= 1
+            else:
+                return None
+    return out if k == len(spec) and plain == 0 and room == 0 else None
+
+
+def _in_drafts(drafts: list, run: list[int]) -> tuple[int, int] | None:
+    """(draft, position) where ``run`` occurs in a draft, if it does."""
+    k = len(run)
+    for d in drafts:
+        toks = d.tokens
+        for i in range(len(toks) - k + 1):
+            if toks[i:i + k] == run:
+                return d.index, i
+    return None
