@@ -242,7 +242,7 @@ TERMS = {
              "(the value's tooltip says why)",
     "FLOPs": "2 x parameters x tokens processed, summed over every model the run used",
     "steps kept": "RSD: draft steps the PRM accepted",
-    "steps rewritten": "RSD: draft steps the PRM rejected, rewritten by the target",
+    "steps rewritten": "RSD: draft steps the PRM rejected, which the target then wrote itself",
     "vs baseline": "this run's latency over the median of the logged baseline runs that match it on every "
                    "setting that changes the output or the speed",
     "rule": "RSD's acceptance rule as run, and where each number came from",

@@ -111,7 +111,7 @@ CONFIGS = {
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_ssr_sampling_fits_the_exact_baseline_law(name):
-    assert fit_pvalue(CONFIGS[name], runs=1500) > 1e-3
+    assert fit_pvalue(CONFIGS[name], runs=1000) > 1e-3  # its power at 1000 runs: test_the_fit_detects_a_broken_rule
 
 
 def _always_accept(target, tokens, q, g):

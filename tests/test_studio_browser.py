@@ -348,7 +348,7 @@ def test_benchmark_tab_uploads_runs_shows_progress_tables_and_charts_and_stops(p
     upload.write_text("".join(json.dumps(r) + "\n" for r in rows))
     page.get_by_role("tab", name="Benchmark").click()
     page.locator("#bench-upload input[type=file]").set_input_files(str(upload))
-    page.get_by_text("mini-arith.jsonl").first.wait_for(timeout=30_000)
+    page.locator("#bench-upload").get_by_text("mini-arith.jsonl").wait_for(timeout=60_000)  # uploaded
     page.get_by_role("spinbutton", name="Problems", exact=True).fill("8")
     page.locator("#bench-run").click()
     page.wait_for_function("Number(document.querySelector('#bench-status [role=progressbar]')"

@@ -26,6 +26,7 @@ import torch
 from engine.config import RunConfig
 from engine.methods.baseline import decode_baseline
 from engine.presets import BUNDLED_DIR
+from engine.registry import decoder
 from engine.remote.decode import decode_remote_baseline, decode_remote_ssr
 from engine.remote.model import connect
 from engine.runtime.model import load_model
@@ -37,17 +38,16 @@ PYTHON = os.environ.get("SSR_VLLM_PYTHON")
 pytestmark = pytest.mark.skipif(not PYTHON, reason="set SSR_VLLM_PYTHON to a Python with vLLM to run these")
 
 
-def _serve(folder: Path, model: Path, name: str, *extra: str):
-    """Start a vLLM server for ``model`` on a free port; yields its URL, stops it after."""
+def _serve(folder: Path, model: Path, name: str, *extra: str, speculation: str | None = None,
+           cached_requests: int | None = None):
+    """Start a vLLM server for ``model`` on a free port (``engine.tools.vllm_cpu.server_command``);
+    yields its URL, stops it after."""
+    from engine.tools.vllm_cpu import server_command
+
     port = free_port()
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    iomp = Path(PYTHON).resolve().parents[1] / "lib" / "libiomp5.so"  # vllm-cpu ships it; it must load first
-    if iomp.exists():
-        env["LD_PRELOAD"] = str(iomp)
+    cmd, env = server_command(PYTHON, model, name, port, speculation, cached_requests, *extra)
     log = open(folder / f"{name}.log", "w")  # noqa: SIM115 (the process writes to it until the caller stops it)
-    proc = subprocess.Popen([PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-                             "--served-model-name", name, "--enforce-eager", "--dtype", "float32", "--port", str(port),
-                             *extra], env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
@@ -70,7 +70,15 @@ def _serve(folder: Path, model: Path, name: str, *extra: str):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     yield from _serve(tmp_path_factory.mktemp("vllm"), BUNDLED_DIR / "tiny-reasoner", "tiny-reasoner",
-                      "--max-model-len", "2048", "--enable-prefix-caching", "--enable-prompt-tokens-details")
+                      "--max-model-len", "2048", "--enable-prefix-caching")
+
+
+@pytest.fixture(scope="module")
+def suffix_server(tmp_path_factory):
+    """The bundled model on a server running vLLM's suffix speculation (its tree keeps 2 finished
+    requests: the tests isolate prompts with unrelated requests between them)."""
+    yield from _serve(tmp_path_factory.mktemp("vllm-suffix"), BUNDLED_DIR / "tiny-reasoner", "tiny-reasoner",
+                      "--max-model-len", "2048", "--enable-prefix-caching", speculation="suffix", cached_requests=2)
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +166,23 @@ def test_a_prm_on_pooling_scores_as_in_process_and_rsd_runs_on_three_servers(ser
     done = list(decode_rsd(rm, draft, there, make_example("arithmetic", EVAL_SEED_BASE + 730).prompt,
                            RunConfig(max_think=300, max_answer=100, threshold=0.5)))[-1]
     assert done.stats.steps_accepted + done.stats.steps_rejected > 1 and done.answer_ids
+
+
+def test_ssr_on_a_speculating_server_is_exact_and_the_server_takes_the_drafts(suffix_server):
+    """Issue 24: the drafts as the server's material: the same tokens as in process, no verify
+    request, the server accepting proposed tokens on the answer and the colours rebuilt."""
+    from engine.tools.served_bench import isolate
+    from engine.wiring import Server, load_role, run_config
+
+    lm = load_model("tiny-reasoner", device="cpu")
+    rm = load_role("tiny-reasoner", server=Server(suffix_server, speculation="suffix"))
+    cfg = run_config("tiny-reasoner", {})
+    for i in range(3):
+        prompt = make_example("classes", EVAL_SEED_BASE + 730 + i).prompt
+        here = list(decode_baseline(lm, prompt, cfg))[-1]
+        isolate(rm, 2)
+        there = list(decoder("ssr", rm)(prompt, cfg))[-1]
+        assert (there.reasoning_ids, there.answer_ids) == (here.reasoning_ids, here.answer_ids)
+        s = there.stats
+        assert s.server_note == "" and s.server_accepted > 0 and s.accepted == s.server_accepted
+        assert s.verify.startswith("on the server")
