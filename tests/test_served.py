@@ -77,7 +77,8 @@ def test_engine_steps_from_chunks_and_per_step_figures():
     assert engine_steps([1, 1, 3], [2]) == [0, 0, 2]  # a step with no proposal is not in the figures
     assert engine_steps([1, 4], [2]) == [0, 2, 0]  # two steps merged into one chunk (a slow reader)
     assert engine_steps([2, 2], [1]) == [0, 0, 1]  # the prefill's chunk merged with the next step
-    assert engine_steps([1, 2], [3]) is None  # the figures do not fit the stream: no colours are guessed
+    assert engine_steps([1, 2], [3]) == [0, 1]  # the last step cut by the stop token inside what it accepted
+    assert engine_steps([1, 2], [3, 1]) is None  # the figures do not fit the stream: no colours are guessed
     assert engine_steps([1, 2], None) is None
 
 

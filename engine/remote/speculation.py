@@ -52,30 +52,28 @@ def engine_steps(chunks: list[int], per_step_accepted: list[int] | None) -> list
     steps nothing was proposed in), from the stream's chunk sizes and the server's per-step figures
     (which list only steps with a proposal). One chunk is one step unless the server merged the
     outputs of several for a slow reader; then the steps are fitted into the chunks in order, each
-    speculative step as early as it fits. None when they cannot be fitted (no colours are guessed)."""
+    speculative step as soon as it fits. The last step may have been cut by a stop token (the
+    server counts what it accepted before the stop). None when they cannot be fitted: no colours
+    are guessed."""
     if per_step_accepted is None or not chunks:
         return None
     spec = list(per_step_accepted)
-    plain = sum(chunks) - sum(a + 1 for a in spec)  # the prefill's token and the steps with no proposal
-    if plain < 1:
-        return None
-    out, k = [0], 0  # the prefill
-    plain -= 1
-    room = chunks[0] - 1
-    for c in [None, *chunks[1:]]:
-        room += c or 0
+    out, k, room = [0], 0, chunks[0] - 1  # the prefill's token opens the first chunk
+    for i, c in enumerate([0, *chunks[1:]]):
+        room += c
+        last = i == len(chunks) - 1
         while room > 0:
             if k < len(spec) and spec[k] + 1 <= room:
                 out.append(spec[k])
                 room -= spec[k] + 1
                 k += 1
-            elif plain > 0:
+            elif last and k == len(spec) - 1:  # the final step, cut at a stop token inside what it accepted
+                out.append(room - 1 if room <= spec[k] else spec[k])
+                room, k = 0, k + 1
+            else:
                 out.append(0)
                 room -= 1
-                plain -= 1
-            else:
-                return None
-    return out if k == len(spec) and plain == 0 and room == 0 else None
+    return out if k == len(spec) else None
 
 
 def _in_drafts(drafts: list, run: list[int]) -> tuple[int, int] | None:
