@@ -132,7 +132,6 @@ def test_a_fork_reads_the_main_requests_prefix_from_the_cache(server):
 
 
 def test_rsd_with_its_target_on_the_server_runs_as_in_process(server):
-    from engine.methods.rsd.loop import decode_rsd
     from engine.wiring import load_scorer
 
     target, draft = load_model("tiny-reasoner", device="cpu"), load_model("tiny-reasoner-draft", device="cpu")
@@ -140,15 +139,14 @@ def test_rsd_with_its_target_on_the_server_runs_as_in_process(server):
     cfg = RunConfig(max_think=300, max_answer=100)
     for i in range(2):
         prompt = make_example("arithmetic", EVAL_SEED_BASE + 720 + i).prompt
-        here = list(decode_rsd(target, draft, load_scorer("tiny-prm"), prompt, cfg))[-1]
-        there = list(decode_rsd(rm, draft, load_scorer("tiny-prm"), prompt, cfg))[-1]
+        here = list(decoder("rsd", target, draft, load_scorer("tiny-prm"))(prompt, cfg))[-1]
+        there = list(decoder("rsd", rm, draft, load_scorer("tiny-prm"))(prompt, cfg))[-1]
         assert (there.reasoning_ids, there.answer_ids) == (here.reasoning_ids, here.answer_ids)
         assert there.stats.steps_accepted + there.stats.steps_rejected > 1 and there.stats.step_mode.startswith("vllm")
 
 
 @pytest.mark.numeric
 def test_a_prm_on_pooling_scores_as_in_process_and_rsd_runs_on_three_servers(server, prm):
-    from engine.methods.rsd.loop import decode_rsd
     from engine.methods.rsd.prm import MathShepherdScorer
     from engine.remote.prm import connect_prm
 
@@ -163,8 +161,8 @@ def test_a_prm_on_pooling_scores_as_in_process_and_rsd_runs_on_three_servers(ser
     assert there.score("The result is 12.") == pytest.approx(here.score("The result is 12."), abs=bound)
     rm = connect("tiny-reasoner", server)
     draft = load_model("tiny-reasoner-draft", device="cpu")
-    done = list(decode_rsd(rm, draft, there, make_example("arithmetic", EVAL_SEED_BASE + 730).prompt,
-                           RunConfig(max_think=300, max_answer=100, threshold=0.5)))[-1]
+    done = list(decoder("rsd", rm, draft, there)(make_example("arithmetic", EVAL_SEED_BASE + 730).prompt,
+                                                  RunConfig(max_think=300, max_answer=100, threshold=0.5)))[-1]
     assert done.stats.steps_accepted + done.stats.steps_rejected > 1 and done.answer_ids
 
 
@@ -184,5 +182,6 @@ def test_ssr_on_a_speculating_server_is_exact_and_the_server_takes_the_drafts(su
         there = list(decoder("ssr", rm)(prompt, cfg))[-1]
         assert (there.reasoning_ids, there.answer_ids) == (here.reasoning_ids, here.answer_ids)
         s = there.stats
-        assert s.server_note == "" and s.server_accepted > 0 and s.accepted == s.server_accepted
+        # the server may count the end of sequence among what it accepted: it is no answer token
+        assert s.server_note == "" and s.server_accepted > 0 and s.server_accepted - 1 <= s.accepted <= s.server_accepted
         assert s.verify.startswith("on the server")
