@@ -19,7 +19,13 @@ from engine.methods.rsd.prm import MathShepherdScorer, QwenMathPRMScorer
 from engine.presets import recommended_settings
 from engine.remote.model import RemoteModel, connect
 from engine.remote.prm import connect_prm
-from engine.runtime.model import LoadedModel, load_model, random_weights_model, resolve_model_path
+from engine.runtime.model import (
+    LoadedModel,
+    context_positions,
+    load_model,
+    random_weights_model,
+    resolve_model_path,
+)
 from engine.runtime.probe import capabilities
 
 
@@ -57,8 +63,7 @@ def declared_context(model: str) -> int | None:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError):  # not local, not cached, or not a transformers config
         return None
-    limit = getattr(config.get_text_config(decoder=True), "max_position_embeddings", None)
-    return int(limit) if isinstance(limit, int) and limit > 0 else None
+    return context_positions(config)  # as the loaded model will check its runs against
 
 
 def load_role(name: str, device: str | None = None, server: Server | None = None, target=None,

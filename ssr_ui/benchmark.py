@@ -19,7 +19,7 @@ from engine.benchmarks.summary import summarize, table_cells, tokens_per_forward
 from engine.config import number
 from engine.methods.rsd.loop import check_pair
 from engine.remote.client import BackendError
-from engine.runtime.model import LoadedModel, ModelLoadError, SSRUnsupportedError
+from engine.runtime.model import ModelLoadError, SSRUnsupportedError
 from ssr_ui import charts
 from ssr_ui.jobs import Job, claimed
 from ssr_ui.render import error_html
@@ -115,17 +115,19 @@ class BenchmarkRuns:
             check_pair(lm, models["draft"])
         if "ssr" in methods:
             lm.require_markers()
-        bench = Bench(models, methods, cfg, log=self.log, dataset=label, origin="app",
-                      in_process=isinstance(lm, LoadedModel))
+        bench = Bench(models, methods, cfg, log=self.log, dataset=label, origin="app")
         total = bench.total(problems, int(repeat))
         if not self._lock.acquire(blocking=False):
             yield BenchFrame(progress_html(0, total, "waiting for the model: another run is using it…"))
             self._lock.acquire()
         runs: list[dict] = []
         try:
-            yield BenchFrame(progress_html(0, total, f"{label}: {len(problems)} problems; warming up each method "
-                                                     "once (untimed, not logged)…"))
-            bench.warm_up(problems[0])
+            cold = [m for m in bench.methods if not self.is_warm(lm, m, cfg)]
+            if cold:  # the studio's own warm-up, once per kind of run (ssr_ui.shelf), as the Run tab's
+                yield BenchFrame(progress_html(0, total, f"{label}: {len(problems)} problems; warming up "
+                                                         f"{', '.join(cold)} once (untimed, not logged)…"))
+                for m in cold:
+                    self.warm(lm, m, cfg, models)
             for r in bench.runs(problems, int(repeat), stop=lambda: job.cancelled,
                                 wrap=lambda events, last: claimed(events, job, last)):
                 runs.append(r)

@@ -145,6 +145,11 @@ class Grader:
         self._math = math
 
     @property
+    def math_timeouts(self) -> int:
+        """Answers graded wrong because math-verify ran out of time (0 where it never ran)."""
+        return self._math.timeouts if self._math is not None else 0
+
+    @property
     def math(self) -> MathVerifier:
         if self._math is None:
             self._math = MathVerifier()

@@ -15,6 +15,7 @@ from engine.events import DoneEvent
 from engine.methods.rsd.loop import RSD_METHODS
 from engine.registry import SINGLE_MODEL, decoder
 from engine.runlog import RunLog, RunMeta
+from engine.runtime.model import LoadedModel
 from engine.tools.agreement import agreement
 
 # the studio wraps each run's events (its job's claim on the run's end): (events, last run) -> events
@@ -33,7 +34,6 @@ class Bench:
     log: RunLog | None = None
     dataset: str | None = None
     origin: str = "bench"
-    in_process: bool = True  # greedy runs' agreement with baseline reads logits in process
 
     def __post_init__(self) -> None:
         self.methods = sorted(dict.fromkeys(self.methods), key=lambda m: m != "baseline")
@@ -65,7 +65,7 @@ class Bench:
                         return
                     base = run["answer_text"] if m == "baseline" else base
                     batch.append(run)
-                if self.cfg.greedy and self.in_process:
+                if self.cfg.greedy and isinstance(self.models["target"], LoadedModel):  # agreement reads logits here
                     add_agreement(self.models["target"], problem.prompt, batch)
                 yield from batch
 

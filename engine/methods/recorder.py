@@ -28,8 +28,7 @@ class Recorder:
         self._phase_t0 = self.t0
         self._detok: dict[tuple[str, int | None], IncrementalDetokenizer] = {}
         self.streams: dict[tuple[str, int | None], list[int]] = {}
-        self._draft_pieces: dict[int, list[str]] = {}
-        self._answer_pieces: list[str] = []
+        self._pieces: dict[tuple[str, int | None], list[str]] = {}  # each stream's decoded pieces, as ``streams``
         self._taken: dict[int, set[int]] = {}  # draft positions taken: never marked rejected after
         if device is not None and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -76,12 +75,9 @@ class Recorder:
         ids = self.streams.setdefault(key, [])
         ids.append(token_id)
         piece = detok.push(token_id)
-        if stream == "answer":
-            self._answer_pieces.append(piece)
-            if self.stats.ttft_s is None:
-                self.stats.ttft_s = self.now()
-        elif stream == "draft":
-            self._draft_pieces.setdefault(draft, []).append(piece)
+        self._pieces.setdefault(key, []).append(piece)
+        if stream == "answer" and self.stats.ttft_s is None:
+            self.stats.ttft_s = self.now()
         return self._counted(TokenEvent(stream, status, token_id, piece, len(ids) - 1, self.now(), draft, source,
                                         match_len))
 
@@ -97,17 +93,19 @@ class Recorder:
             return None
         if status != "rejected":
             taken.add(position)
-        token_id = self.streams[("draft", draft)][position]
-        text = self._draft_pieces[draft][position]
-        return self._counted(TokenEvent("draft", status, token_id, text, position, self.now(), draft, source, match_len))
+        return self._verdict(("draft", draft), position, status, draft, source, match_len)
 
     def answer_status(self, position: int, status: str, source: str | None = None, draft: int | None = None,
                       match_len: int | None = None) -> TokenEvent:
         """A new verdict on answer token ``position`` (a server's speculation accepted it: known
         only when its request ends, so the token streamed ``generated`` first)."""
-        token_id = self.streams[("answer", None)][position]
-        piece = self._answer_pieces[position]
-        return self._counted(TokenEvent("answer", status, token_id, piece, position, self.now(), draft, source, match_len))
+        return self._verdict(("answer", None), position, status, draft, source, match_len)
+
+    def _verdict(self, key: tuple[str, int | None], position: int, status: str, draft: int | None,
+                 source: str | None, match_len: int | None) -> TokenEvent:
+        """A new verdict on an existing token of stream ``key``: its id and piece again, a new status."""
+        token_id, piece = self.streams[key][position], self._pieces[key][position]
+        return self._counted(TokenEvent(key[0], status, token_id, piece, position, self.now(), draft, source, match_len))
 
     def rejected_lookup(self, count: int) -> None:
         """Proposed tokens from the prompt, reasoning or answer that were not taken."""

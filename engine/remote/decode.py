@@ -36,7 +36,7 @@ from engine.methods.ssr.proposers import Draft
 from engine.methods.ssr.suffix_index import SuffixIndex
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel
-from engine.remote.speculation import recolour
+from engine.remote.speculation import speculated_answer
 
 
 def decode_remote_baseline(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
@@ -66,15 +66,7 @@ def decode_remote_baseline(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iter
     yield from budget.open_answer(rec)
     if not ended and cfg.max_answer > len(budget.forced):
         if rm.speculation:  # a speculating server: its figures and colours, as SSR's answer gets them
-            rec.stats.server_speculation = rm.speculation
-            metrics: dict = {}
-            chunks: list[int] = []
-            rec.forward()
-            for tok in rm.client.stream(seq, cfg.max_answer - len(budget.forced), eos, cfg.temperature, cfg.top_p,
-                                        cfg.seed, metrics=metrics, chunks=chunks):
-                if tok not in eos:  # the last token: the stream goes on to its metrics chunk
-                    yield rec.token("answer", tok)
-            yield from recolour([], rec, len(budget.forced), chunks, metrics.get("speculative_decoding"))
+            yield from speculated_answer(rm, rec, seq, cfg.max_answer - len(budget.forced), cfg, [], len(budget.forced))
         else:
             for tok in _stream(rm, rec, seq, cfg.max_answer - len(budget.forced), eos, cfg):
                 if tok in eos:

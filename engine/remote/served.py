@@ -32,7 +32,7 @@ from engine.methods.budget import ThinkBudget
 from engine.methods.ssr.suffix_index import SuffixIndex
 from engine.remote.decode import RemoteState, _reason_and_fork, _recorder
 from engine.remote.model import RemoteModel
-from engine.remote.speculation import recolour
+from engine.remote.speculation import speculated_answer
 
 
 def decode_served_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
@@ -57,16 +57,9 @@ def decode_served_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[
         if not state.ended:
             yield from budget.open_answer(rec)
             offset = len(budget.forced)
-            metrics: dict = {}
-            chunks: list[int] = []
             if cfg.max_answer > offset:
-                rec.forward()
-                for tok in rm.client.stream(state.seq + [markers.close_id, *budget.forced], cfg.max_answer - offset,
-                                            rm.eos_ids, cfg.temperature, cfg.top_p, cfg.seed, metrics=metrics,
-                                            chunks=chunks):
-                    if tok not in rm.eos_ids:  # the last token: the stream goes on to its metrics chunk
-                        yield rec.token("answer", tok)
-            yield from recolour(state.drafts, rec, offset, chunks, metrics.get("speculative_decoding"))
+                yield from speculated_answer(rm, rec, state.seq + [markers.close_id, *budget.forced],
+                                             cfg.max_answer - offset, cfg, state.drafts, offset)
     finally:
         drafts_stop.set()
     yield rec.phase("done")

@@ -14,6 +14,22 @@ SPECULATIONS = ("suffix", "ngram")  # server methods a run can declare (suffix d
 RECONSTRUCTED = "the server's speculation (reconstructed)"
 
 
+def speculated_answer(rm, rec: Recorder, seq: list[int], max_tokens: int, cfg, drafts: list,
+                      offset: int) -> Iterator[Event]:
+    """The answer as one plain streamed request after ``seq`` on ``rm``'s speculating server (its
+    usage chunk and chunk sizes read), then the tokens its speculation accepted recoloured
+    (:func:`recolour`); ``offset``: answer tokens before the request's (a forced template tail)."""
+    rec.stats.server_speculation = rm.speculation
+    metrics: dict = {}
+    chunks: list[int] = []
+    rec.forward()
+    for tok in rm.client.stream(seq, max_tokens, rm.eos_ids, cfg.temperature, cfg.top_p, cfg.seed, metrics=metrics,
+                                chunks=chunks):
+        if tok not in rm.eos_ids:  # the last token: the stream goes on to its metrics chunk
+            yield rec.token("answer", tok)
+    yield from recolour(drafts, rec, offset, chunks, metrics.get("speculative_decoding"))
+
+
 def recolour(drafts: list, rec: Recorder, offset: int, chunks: list[int], spec: dict | None) -> Iterator[Event]:
     """Mark the answer tokens (from position ``offset``) the server's speculation accepted, from the
     stream's ``chunks`` fitted to its metrics ``spec``, each accepted run with the draft of ``drafts``

@@ -73,6 +73,16 @@ def pick_device(device: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+def context_positions(config) -> int | None:
+    """Positions a model of ``config`` was built for (None if its config does not say); dynamic
+    NTK RoPE is meant to run past ``max_position_embeddings`` by its scaling factor."""
+    limit = getattr(config.get_text_config(decoder=True), "max_position_embeddings", None)
+    if not isinstance(limit, int) or limit <= 0:
+        return None
+    rope = rope_of(config)
+    return int(limit * rope.factor) if rope.kind == "dynamic" else limit
+
+
 def resolve_model_path(name: str | None) -> tuple[str, Preset | None]:
     """Map a preset name, a bundled model name, a local path or a Hub id to (path or id, preset)."""
     name = name or "tiny-reasoner"
@@ -129,7 +139,7 @@ class LoadedModel:
         self._steps: CompiledSteps | None = None  # compiled once per model, kept across runs
         self._fixed: dict[tuple[int, int, str], object] = {}  # fixed caches by (capacity, rows, role), reused
         self.layout = layout(model.config)  # which cache kinds: sliding windows, recurrent states
-        self.rope = rope_of(model)  # position-scaled RoPE, if any
+        self.rope = rope_of(model.config)  # position-scaled RoPE, if any
         # set by the capability probe (engine.runtime.probe): this model's multi-token forwards after a
         # cached state are wrong, so they run as one-token forwards
         self.one_token_steps = False
@@ -158,10 +168,8 @@ class LoadedModel:
 
     @property
     def context_length(self) -> int | None:
-        """Positions the model was built for (None if its config does not say); dynamic NTK RoPE
-        is meant to run past ``max_position_embeddings`` by its scaling factor."""
-        limit = getattr(self.model.config.get_text_config(decoder=True), "max_position_embeddings", None)
-        return int(limit * self.rope.factor) if limit and self.rope.kind == "dynamic" else limit
+        """Positions the model was built for (:func:`context_positions`)."""
+        return context_positions(self.model.config)
 
     def check_fits(self, prompt_tokens: int, new_tokens: int) -> None:
         """ValueError, before anything runs, when a run could pass the model's context length."""

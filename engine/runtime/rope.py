@@ -56,9 +56,9 @@ class Rope:
                 module.max_seq_len_cached = module.original_max_seq_len
 
 
-def rope_of(model) -> Rope:
-    """The model's RoPE policy, read from its config (every layer type's parameters)."""
-    config = model.config.get_text_config(decoder=True)
+def rope_of(config) -> Rope:
+    """A model's RoPE policy, read from its config (every layer type's parameters)."""
+    config = config.get_text_config(decoder=True)
     params = getattr(config, "rope_parameters", None) or {}
     per_type = params.values() if params and all(isinstance(v, dict) for v in params.values()) else [params]
     for p in per_type:

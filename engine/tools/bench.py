@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ModelLoadError, SSRUnsupportedError, BackendError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    bench = Bench(models, methods, cfg, grader, log, dataset, in_process=not args.base_url)
+    bench = Bench(models, methods, cfg, grader, log, dataset)
     for _ in range(args.warmup):
         bench.warm_up(problems[0])
     compiled = [m for m in (lm, models.get("draft")) if getattr(m, "compiled", None) is not None]
@@ -219,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(summary))
     for warning in spread_warnings(summary):
         print(f"warning: {warning}")
-    if grader._math is not None and grader.math.timeouts:
-        print(f"warning: {grader.math.timeouts} answer(s) took longer than {grader.math.timeout_s:.0f} s to grade "
+    if grader.math_timeouts:
+        print(f"warning: {grader.math_timeouts} answer(s) took longer than {grader.math.timeout_s:.0f} s to grade "
               "and were graded wrong")
     for r in runs:
         if r.get("agreement", "identical") != "identical":
