@@ -165,10 +165,98 @@ def test_baseline_matches_generate_across_the_switch(family):
     assert final(decode_baseline(lm, "hi", RunConfig(max_think=30, max_answer=4))).reasoning_ids[:29] == ours
 
 
-@pytest.mark.parametrize("family", SCALED_ROPE)
-def test_ssr_refuses_past_the_switch_and_is_exact_before_it(family):
-    lm = family_model(family)
-    kind = lm.rope.kind
-    with pytest.raises(ValueError, match=f"rope_type '{kind}'.*past {SWITCH} tokens"):
+ACROSS = {  # SSR settings whose runs pass longrope's switch point (40) in every phase, with lookups and holes
+    "in-the-reasoning": dict(max_think=30, max_answer=10, max_draft=8, draft_start=4),
+    "drafts-ahead": dict(max_think=30, max_answer=10, max_draft=14, draft_start=8, num_drafts=3, draft_interval=4),
+    "lookups-and-holes": dict(max_think=30, max_answer=12, max_draft=10, draft_start=3, think_spec=4, min_match=1,
+                              num_drafts=2, draft_interval=9),
+    "at-the-forced-end": dict(max_think=18, max_answer=12, max_draft=6, draft_start=5, think_spec=3, min_match=1),
+    "in-the-answer": dict(max_think=8, max_answer=30, max_draft=20, draft_start=2, max_spec=16, min_match=1),
+    "one-token-verify": dict(max_think=10, max_answer=24, max_draft=12, draft_start=1, max_spec=1),
+}
+
+
+@pytest.mark.parametrize("setting", sorted(ACROSS))
+def test_ssr_equals_baseline_across_the_longrope_switch(setting):
+    """SSR past longrope's switch point: no row is fed up to it before the main row, the main row's
+    first forward past it re-encodes every live row (as plain decoding re-encodes its sequence), and
+    greedy SSR equals plain decoding token for token, whichever phase the switch falls in."""
+    lm = family_model("phi3-longrope")
+    for prompt in ("hi", "ok?", "hello world"):
+        cfg = RunConfig(**ACROSS[setting])
+        base = baseline(lm, prompt, cfg.max_think, cfg.max_answer)
+        n = len(lm.prompt_ids(prompt))
+        assert n < SWITCH < n + len(base.reasoning_ids) + len(base.answer_ids)
+        assert_same(lm, prompt, cfg)
+
+
+@pytest.mark.parametrize("broken", ["no-re-encode", "no-limits"])
+def test_the_longrope_checks_can_fail(broken, monkeypatch):
+    """Without the re-encode, or with rows fed up to the switch point early, SSR diverges from plain
+    decoding on the same runs: the test above can fail."""
+    from engine.runtime.rope import Rope
+
+    lm = family_model("phi3-longrope")
+    monkeypatch.setattr(Rope, "crosses" if broken == "no-re-encode" else "limits", lambda self, *a: None)
+    runs = [(prompt, RunConfig(**ACROSS[s])) for s in ("in-the-reasoning", "drafts-ahead", "lookups-and-holes")
+            for prompt in ("hi", "hello world")]
+    diverged = 0
+    for prompt, cfg in runs:
+        base = baseline(lm, prompt, cfg.max_think, cfg.max_answer)
+        ssr = final(decode_ssr(lm, prompt, cfg))
+        diverged += (ssr.reasoning_ids, ssr.answer_ids) != (base.reasoning_ids, base.answer_ids)
+    assert diverged > 0
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize("bug", [None, "no-re-encode"], ids=bug_id)
+def test_the_re_encode_gives_rows_of_other_lengths_holes(bug, monkeypatch):
+    """Rows of different lengths at the switch point (the main row ahead of a draft, as when its
+    lookups were accepted more often): the re-encode gives the shorter row holes, and the main row's
+    logits at and after the switch equal plain decoding's re-encoded sequence (within rounding:
+    ``tests.numeric``; the companion skips the re-encode)."""
+    from engine.runtime.batch import RowBatch
+    from engine.runtime.cached import CachedModel
+    from engine.runtime.rope import Rope
+
+    lm = family_model("phi3-longrope")
+    ids = [(7 * i + 3) % 200 + 5 for i in range(48)]
+    plain = CachedModel(lm, 64)  # plain decoding: re-encodes its sequence at the switch
+    plain.feed(ids[:40])
+    expected = torch.stack([plain.feed(ids[40:41]), plain.feed(ids[41:42]), plain.feed(ids[42:43])])
+    if bug:
+        monkeypatch.setattr(Rope, "crosses", lambda self, *a: False)
+    prefix = ids[:35]
+    cache = lm.new_cache(64, rows=2)
+    lm.step_logits(prefix, cache, 0)
+    batch = RowBatch(lm, cache, len(prefix), prefix)
+    batch.fork()
+    batch.forward([ids[35:38], ids[40:41]])
+    batch.keep([3, 1])  # row 0 at 38 tokens, row 1 at 36: two holes
+    assert batch.limits(1) == [2, 4]  # nothing reaches the switch (40) before row 0 does
+    batch.forward([ids[38:40], ids[41:42]])
+    batch.keep([2, 1])  # row 0 at 40: its next forward passes the switch
+    assert batch.limits(1) is None
+    crossing = batch.forward([ids[40:41], ids[42:43]])[0, 0]
+    batch.keep([1, 1])
+    assert bug or (batch.valid is not None and batch.positions == [41, 38])
+    after = batch.forward([ids[41:43], ids[43:44]])[0]
+    expect(gap(torch.cat([crossing[None], after]), expected, lm), bug)
+
+
+def test_dynamic_ntk_refuses_ssr_past_the_switch_with_the_measured_reason():
+    """Dynamic NTK: a 7-token forward across the switch point gives other logits than plain
+    decoding's one-token forwards, because the frequencies follow the forward's longest position;
+    SSR is refused there with that reason, and is exact below it."""
+    lm = family_model("llama-dynamic")
+    ids = lm.prompt_ids("hello world, once more")[:SWITCH] + list(range(3, 9))
+    lm.begin_run()
+    wide = lm.step_logits(ids, lm.new_cache(), 0)[SWITCH - 1 :]  # [7, V]
+    lm.begin_run()
+    cache = lm.new_cache()
+    one = [lm.step_logits(ids[:SWITCH], cache, 0)[-1]]
+    one += [lm.step_logits([t], cache, SWITCH + j)[0] for j, t in enumerate(ids[SWITCH:])]
+    assert float((wide - torch.stack(one)).abs().max()) > 1e-3  # float64: far beyond rounding
+    with pytest.raises(ValueError, match="rope_type 'dynamic'.*past 40 tokens.*not exact"):
         list(decode_ssr(lm, "hi", RunConfig(max_think=16, max_answer=8, max_draft=12, draft_start=2)))
     assert_same(lm, "hi", RunConfig(max_think=6, max_answer=4, max_draft=5, draft_start=2))

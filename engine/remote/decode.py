@@ -114,6 +114,10 @@ class RemoteState:
         self.answer: list[int] = []
         self.ended = False
 
+    def room(self) -> int | None:
+        """No limit on a proposal (None): the server handles its model's positions."""
+        return None
+
     def verify(self, proposed: list[int], probs) -> tuple[int, int]:
         """(Accepted count, the server's next token) for ``proposed`` after the unfed tokens."""
         client = self.lm.client

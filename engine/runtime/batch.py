@@ -31,20 +31,30 @@ class RowBatch:
     states are not (``CacheLayout.holes_ok``): with those, several rows must keep equal counts;
     a lone row may still keep fewer than it fed (it is rolled back: a crop, or a re-read).
 
+    Longrope (``engine.runtime.rope``): the forward where row 0 first passes the switch point
+    re-encodes every row's whole history with its feed, from an empty cache, as plain decoding
+    re-encodes its one sequence there; before it, :meth:`limits` says how far each row may be fed
+    without any position reaching the switch (which would switch every row to the long factors).
+    That needs the rows' tokens: pass ``ids``, the tokens the cache holds.
+
     Example, a step where row 0 feeds one token and row 1 three::
 
-        batch = RowBatch(lm, cache, length)       # one row, ``length`` slots
+        batch = RowBatch(lm, cache, len(ids), ids)  # one row holding ``ids``
         batch.fork()                              # two rows, the same slots
         logits = batch.forward([[a], [b, c, d]])  # [2, 3, V]; row 0's feed is padded to [a, a, a]
         batch.keep([1, 3])                        # length + 3 slots; row 0's two padding slots are its holes
         batch.select([0])                         # row 0 alone: its holes are compacted away
     """
 
-    def __init__(self, lm: LoadedModel, cache, length: int) -> None:
+    def __init__(self, lm: LoadedModel, cache, length: int, ids: list[int] | None = None) -> None:
         self.lm, self.cache, self.device = lm, cache, lm.device
         self.length = length  # slots in the cache, holes included
         self.valid: torch.Tensor | None = None  # [rows, length] visible slots; None: no holes anywhere
         self.positions = [length]  # per row: tokens it holds (its next position)
+        # per row: the tokens it holds, holes excluded (None: not tracked; only a re-encode needs them)
+        assert ids is None or len(ids) == length, f"{len(ids)} ids for a cache of {length} slots"
+        self.ids = None if ids is None else [list(ids)]
+        self.last_tokens = 0  # tokens the last forward computed: padding and any re-encode included
         self._fed: list[list[int]] = []  # the last forward's rows, and its checkpoint (recurrent states)
         self._ckpt = None
 
@@ -58,22 +68,55 @@ class RowBatch:
         if self.valid is not None:
             self.valid = torch.cat([self.valid, self.valid[:1]])  # [rows + 1, length]
         self.positions.append(self.positions[0])
+        if self.ids is not None:
+            self.ids.append(list(self.ids[0]))
+
+    def limits(self, owed: int) -> list[int] | None:
+        """The most tokens each row may be fed this step, row 0 owing ``owed`` tokens first (None:
+        any number; see ``Rope.limits``)."""
+        return self.lm.rope.limits(self.positions, owed)
 
     def forward(self, feeds: list[list[int]]) -> torch.Tensor:
         """Logits ``[rows, K, V]`` for each row's feed, padded to the longest (K). A row's padding
-        sits after its real tokens, so causality already hides it in this forward; ``keep`` turns
-        it into holes for the next ones."""
+        sits after its real tokens at its last token's position (so it never reaches a position
+        the row's feed does not), causality hides it in this forward, and ``keep`` turns it into
+        holes for the next ones."""
         assert len(feeds) == self.rows, f"{len(feeds)} feeds for {self.rows} rows"
         width = max(len(f) for f in feeds)
         self._fed = feeds
+        if self.lm.rope.crosses(self.positions[0], self.positions[0] + len(feeds[0])):
+            return self._reencode(feeds, width)
         self._ckpt = checkpoint(self.cache, self.length) if self.lm.layout.recurrent and width > 1 else None
-        ids = torch.tensor([f + [f[-1]] * (width - len(f)) for f in feeds], device=self.device)  # [rows, K]
-        pos = torch.tensor(self.positions, device=self.device)[:, None] + torch.arange(width, device=self.device)  # [rows, K]
         mask = None
         if self.valid is not None:
             mask = torch.cat([self.valid, torch.ones(len(feeds), width, dtype=torch.bool)], dim=1).long()  # [rows, length + K]
             mask = mask.to(self.device)
-        return self.lm.forward(ids, self.cache, self.length, positions=pos, attention_mask=mask)
+        self.last_tokens = self.rows * width
+        return self.lm.forward(_padded(feeds, width, self.device), self.cache, self.length,
+                               positions=_feed_positions(self.positions, feeds, width, self.device), attention_mask=mask)
+
+    def _reencode(self, feeds: list[list[int]], width: int) -> torch.Tensor:
+        """Row 0's first forward past longrope's switch point: every row's history, then its feed,
+        in one forward from an empty cache, so every key is encoded with the long factors from here
+        on, as plain decoding's re-encode of its one sequence does. A row shorter than the longest
+        history gets holes after its own tokens (only rows of a cache that holds holes differ in
+        length: the others are fed one token per row per step)."""
+        assert self.ids is not None, "re-encoding at longrope's switch point needs the rows' tokens (RowBatch ids)"
+        assert not self.lm.layout.recurrent, "a recurrent state cannot be re-encoded by a crop"
+        hist = max(len(h) for h in self.ids)
+        crop(self.cache, 0)
+        self._ckpt = None
+        self.length, self.positions = hist, [len(h) for h in self.ids]
+        block = torch.arange(hist)[None, :] < torch.tensor(self.positions)[:, None]  # [rows, hist]: each row's tokens
+        self.valid = None if bool(block.all()) else block
+        history = _padded(self.ids, hist, self.device)  # [rows, hist]
+        ids = torch.cat([history, _padded(feeds, width, self.device)], dim=1)  # [rows, hist + K]
+        pos = torch.cat([_feed_positions([0] * self.rows, self.ids, hist, self.device),
+                         _feed_positions(self.positions, feeds, width, self.device)], dim=1)  # [rows, hist + K]
+        mask = None if self.valid is None else \
+            torch.cat([block, torch.ones(self.rows, width, dtype=torch.bool)], dim=1).long().to(self.device)
+        self.last_tokens = self.rows * (hist + width)
+        return self.lm.forward(ids, self.cache, 0, positions=pos, attention_mask=mask)[:, hist:]
 
     def keep(self, kept: list[int]) -> None:
         """Row ``r`` keeps the first ``kept[r]`` slots it was just fed; the rest become its holes.
@@ -90,14 +133,32 @@ class RowBatch:
             self.valid = torch.cat([valid, block], dim=1)  # [rows, length + top]
         self.length += top
         self.positions = [p + k for p, k in zip(self.positions, kept, strict=True)]
+        if self.ids is not None:
+            for row, fed, k in zip(self.ids, self._fed, kept, strict=True):
+                row.extend(fed[:k])
 
     def select(self, keep: list[int]) -> None:
         """Keep these rows, in this order; a lone row left sheds its holes."""
         take_rows(self.cache, keep)
         self.positions = [self.positions[i] for i in keep]
+        if self.ids is not None:
+            self.ids = [self.ids[i] for i in keep]
         if self.valid is not None:
             self.valid = self.valid[keep]  # [len(keep), length]
             if len(keep) == 1:
                 slots = self.valid[0].nonzero().flatten()  # [positions[0]]
                 compact(self.cache, slots.to(self.device))
                 self.length, self.valid = len(slots), None
+
+
+def _padded(rows: list[list[int]], width: int, device) -> torch.Tensor:
+    """``[len(rows), width]`` token ids, each row padded with its last token."""
+    return torch.tensor([r + [r[-1]] * (width - len(r)) for r in rows], device=device)
+
+
+def _feed_positions(starts: list[int], rows: list[list[int]], width: int, device) -> torch.Tensor:
+    """``[len(rows), width]`` positions: row ``r``'s tokens from ``starts[r]`` on, its padding at
+    its last token's position (a cache is passed, so transformers reads no packed sequences
+    into positions that stop growing)."""
+    steps = torch.tensor([[min(j, len(r) - 1) for j in range(width)] for r in rows])  # [rows, width]
+    return (torch.tensor(starts)[:, None] + steps).to(device)

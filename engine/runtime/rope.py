@@ -11,10 +11,21 @@ token's keys do not depend on which forward carried it. Two types do not:
   kept in the rotary module between calls. :meth:`Rope.begin_run` resets it, so a run does not
   depend on what ran before it in the same process.
 
-Speculative forwards carry several positions at once, so with either type a token's keys would
-depend on the forward's width once the sequence passes the switch point: SSR refuses such runs
-(:meth:`Rope.check_speculation`) with a message naming the rope type. Below the switch point both
-types are plain RoPE and SSR is exact.
+Speculative forwards carry several rows and positions at once, and both types choose their
+frequencies from the highest position in the forward:
+
+* longrope stays exact: while the main row (row 0) is below the switch point no row may be fed
+  up to it (:meth:`Rope.limits`), and the main row's first forward past it re-encodes every live
+  row (``engine.runtime.batch.RowBatch``), the step where plain decoding re-encodes its sequence.
+  A draft ahead of the main row stops at the switch point (it would switch the main row's
+  forward to the long factors early); drafts forked after it run as usual.
+* dynamic NTK cannot: its frequencies are a state that grows with the longest position any
+  forward has reached, and plain decoding encodes each token with the frequencies of its own
+  length. A k-token verify encodes all k with the last one's, and a draft row is always ahead of
+  the main row (by the end-of-thinking tail it is fed at its fork), so every batched step would
+  encode the main row's token with the draft's length. ``tests/test_families.py`` measures the
+  difference; SSR past the switch point is refused (:meth:`Rope.check_speculation`). Below it
+  both types are plain RoPE and SSR is exact.
 """
 
 from __future__ import annotations
@@ -38,13 +49,27 @@ class Rope:
         where ``generate()`` re-encodes everything (longrope only)."""
         return self.reprefills and cached <= self.switch < total
 
+    def limits(self, positions: list[int], owed: int) -> list[int] | None:
+        """The most tokens each row (holding ``positions[r]`` tokens) may be fed in one forward,
+        the main row owing ``owed`` tokens first; None: any number. Only longrope limits, and only
+        while this step's first logit the main row keeps (after its owed tokens) is still below the
+        switch point: a position at or past it anywhere in the forward would switch every row,
+        the main row too, to the long factors, where plain decoding still uses the short ones.
+        From the main row's first logit past the switch the forward re-encodes instead."""
+        if not self.reprefills or positions[0] + owed > self.switch:
+            return None
+        return [self.switch - p for p in positions]
+
     def check_speculation(self, longest: int, model_id: str) -> None:
-        """ValueError when a speculative run could reach ``longest`` tokens past the switch point."""
-        if self.kind is not None and longest > self.switch:
+        """ValueError when a speculative run on a dynamic NTK model could reach ``longest`` tokens
+        past the switch point (longrope re-encodes there instead)."""
+        if self.kind == "dynamic" and longest > self.switch:
             raise ValueError(
-                f"{model_id} uses rope_type {self.kind!r}, whose frequencies change past {self.switch} tokens, so a "
-                f"multi-token forward there is not exact; this run could reach {longest} tokens: lower max_think and "
-                f"max_answer to keep prompt + budgets within {self.switch}, or use Baseline")
+                f"{model_id} uses rope_type 'dynamic' (NTK), whose frequencies grow past {self.switch} tokens with the "
+                f"longest position any forward has reached; plain decoding encodes each token at its own length, "
+                f"while SSR's verifies and its drafts (always ahead of the main row) would encode the main row's "
+                f"tokens at theirs, so it is not exact there; this run could reach {longest} tokens: lower max_think "
+                f"and max_answer to keep prompt + budgets within {self.switch}, or use Baseline")
 
     def begin_run(self, model) -> None:
         """Reset the dynamic frequencies kept between calls (a no-op for other types)."""

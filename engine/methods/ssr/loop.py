@@ -54,7 +54,7 @@ from engine.methods.ssr.proposers import Draft, DraftPrefixProposer, Proposer, S
 from engine.methods.ssr.rows import Row, RowStep
 from engine.methods.ssr.suffix_index import SuffixIndex
 from engine.runtime.batch import RowBatch
-from engine.runtime.cache import cache_mb, checkpoint
+from engine.runtime.cache import cache_mb
 from engine.runtime.probe import require
 
 
@@ -66,7 +66,7 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     last_fork = min(fork_point(cfg, cfg.num_drafts - 1), cfg.max_think)
     new_tokens = len(markers.close_ids) + max(cfg.max_think + cfg.max_answer, last_fork + cfg.max_draft)
     lm.check_fits(len(prompt_ids), new_tokens)
-    lm.rope.check_speculation(len(prompt_ids) + new_tokens, lm.model_id)
+    lm.rope.check_speculation(len(prompt_ids) + new_tokens, lm.model_id)  # dynamic NTK past its switch point
     caps = require(lm, "SSR")  # measured on this model once: refused here, never a crash or divergence mid-run
     lm.begin_run(cfg.exact, cfg.compile)
     capacity = len(prompt_ids) + new_tokens + max(cfg.max_spec, cfg.think_spec) + 1  # room for a verify past the end
@@ -85,7 +85,7 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     if len(prompt_ids) > 1:  # the last prompt token is the main row's first input in phase A
         lm.step_logits(prompt_ids[:-1], state.cache, 0)
         rec.forward(tokens=len(prompt_ids) - 1)
-    state.length = len(prompt_ids) - 1
+    state.batch = RowBatch(lm, state.cache, len(prompt_ids) - 1, prompt_ids[:-1])
     yield from _reason_and_draft(state, budget, prompt_ids[-1])
     if not state.ended:
         yield from answer_by_verification(state, budget)
@@ -108,6 +108,10 @@ class SSRState(Protocol):
     answer: list[int]  # the answer so far
     unfed: list[int]  # tokens chosen (or forced) after the committed ones, fed first by the next verify
 
+    def room(self) -> int | None:
+        """The most tokens a proposal may hold this step (None: any)."""
+        ...
+
     def verify(self, proposed: list[int], probs: torch.Tensor | None) -> tuple[int, int]:
         """Feed the unfed tokens and ``proposed`` (drawn with ``probs`` ``[k, V]``, None: one-hot)
         in one forward and commit what the verifier accepts. (Accepted count, the verifier's next
@@ -116,44 +120,46 @@ class SSRState(Protocol):
 
 
 class _State:
-    """What the two phases share: the model, one cache, its length, the drafts, the choosers."""
+    """What the two phases share: the model, one cache and its rows, the drafts, the choosers."""
 
     def __init__(self, lm, cfg, rec, index, main, drafter, capacity: int) -> None:
         self.lm, self.cfg, self.rec, self.index = lm, cfg, rec, index
         self.eos_ids = lm.eos_ids
         self.main, self.drafter = main, drafter
         self.cache = lm.new_cache(capacity, rows=1 + cfg.num_drafts)
-        self.length = 0  # tokens in every row of the cache
+        self.batch: RowBatch | None = None  # the cache's rows: the main row, then the live drafts (phase A)
         self.drafts: list[Draft] = []
         self.unfed: list[int] = []  # main-row tokens chosen but not yet in the cache
         self.answer: list[int] = []
         self.ended = False  # the model ended the sequence inside its reasoning
 
+    def room(self) -> int | None:
+        """The most tokens a proposal may hold this step (None: any): longrope's switch point."""
+        limits = self.batch.limits(len(self.unfed))
+        return None if limits is None else limits[0] - len(self.unfed)
+
     def verify(self, proposed: list[int], probs) -> tuple[int, int]:
         """Feed the unfed token(s) and ``proposed`` in one forward; keep what the verifier
         accepts in the cache. (Accepted count, the verifier's next token.)"""
-        fed = self.unfed + proposed
-        ckpt = checkpoint(self.cache, self.length)
-        logits = self.lm.step_logits(fed, self.cache, self.length)[len(self.unfed) - 1 :]  # [k + 1, V]
-        self.rec.forward(tokens=len(fed))
+        logits = self.batch.forward([self.unfed + proposed])[0, len(self.unfed) - 1 :]  # [k + 1, V]
+        self.rec.forward(tokens=self.batch.last_tokens)
         accepted, nxt = self.main.verify(logits, proposed, probs)
-        self.lm.rewind(self.cache, ckpt, fed[: len(self.unfed) + accepted])
-        self.length += len(self.unfed) + accepted
+        self.batch.keep([len(self.unfed) + accepted])  # a crop, or a restore and re-read of what stays
         return accepted, nxt
 
 
 def _reason_and_draft(s: _State, budget: ThinkBudget, first_input: int) -> Iterator[Event]:
     """Phase A: the main row reasons, drafts fork from it and ride in its batch. Ends with
-    ``s.ended`` (the model ended the sequence), or with the main row alone in ``s.cache`` at
-    ``s.length`` slots, holding everything but its closing end-of-thinking marker (and the tail
-    ``budget`` forced after it), which phase B feeds first."""
+    ``s.ended`` (the model ended the sequence), or with the main row alone in ``s.batch``,
+    holding everything but its closing end-of-thinking marker (and the tail ``budget`` forced
+    after it), which phase B feeds first."""
     cfg, rec, lm, markers = s.cfg, s.rec, s.lm, budget.markers
     yield rec.phase("reasoning")
     s.index.extend("reasoning", [])  # the main row's context: a live view of its reasoning
     main = Row([first_input], s.index.sources["reasoning"],
                SuffixProposer(s.index, ["prompt", "reasoning"], lm.eos_ids | {markers.close_id}, cfg.spec_factor), s.main)
     rows = [main]  # the batch's rows in order: the main row, then the live drafts
-    batch = RowBatch(lm, s.cache, s.length)
+    batch = s.batch
     n = 0  # reasoning tokens so far
     step_times: dict[bool, list[float]] = {False: [], True: []}  # one-token steps, without / with drafts
     while True:
@@ -172,11 +178,16 @@ def _reason_and_draft(s: _State, budget: ThinkBudget, first_input: int) -> Itera
         room = min(spec, budget.picks - n)  # lookups never pass the model's share of the budget
         if len(s.drafts) < cfg.num_drafts:  # land exactly on the next fork
             room = min(room, fork_point(cfg, len(s.drafts)) - n - 1)
-        for row in rows:
-            row.feed(room if row.is_main else min(spec, cfg.max_draft - len(row.context) - 1), one_token=spec == 0)
+        limits = batch.limits(len(main.unfed))  # longrope: nothing reaches the switch point before the main row
+        if limits is not None:
+            rows = _stop_drafts_at_switch(batch, rows, limits, one_token=spec == 0)
+            limits = batch.limits(len(main.unfed))
+        for r, row in enumerate(rows):
+            mine = room if row.is_main else min(spec, cfg.max_draft - len(row.context) - 1)
+            row.feed(mine if limits is None else min(mine, limits[r] - len(row.unfed)), one_token=spec == 0)
         # 3. forward: one over every row
         logits = batch.forward([row.fed for row in rows])  # [rows, K, V]
-        rec.forward(tokens=logits.shape[0] * logits.shape[1])  # padding included: it is computed
+        rec.forward(tokens=batch.last_tokens)  # padding (and a re-encode at longrope's switch) included: computed
         # 4. verify and take: each row verifies its proposal; the batch keeps what each row took
         steps = [row.take(logits[r]) for r, row in enumerate(rows)]  # logits[r]: [K, V]
         batch.keep([step.kept for step in steps])
@@ -210,7 +221,21 @@ def _reason_and_draft(s: _State, budget: ThinkBudget, first_input: int) -> Itera
     # reasoning over: live drafts are frozen as they are; the main row goes on alone
     if len(rows) > 1:
         batch.select([0])
-    s.length = batch.length
+
+
+def _stop_drafts_at_switch(batch: RowBatch, rows: list[Row], limits: list[int], one_token: bool) -> list[Row]:
+    """Longrope, the main row still below the switch point: a draft that cannot take its next
+    feed without reaching it stops where it is (kept with its tokens, as at the end of the
+    reasoning), so the main row's forwards stay on the short factors, as plain decoding's do."""
+    keep = [r for r, row in enumerate(rows)
+            if row.is_main or limits[r] >= (1 if one_token else len(row.unfed))]
+    if len(keep) == len(rows):
+        return rows
+    for r, row in enumerate(rows):
+        if r not in keep:
+            row.draft.finished = True
+    batch.select(keep)
+    return [rows[r] for r in keep]
 
 
 def _draft_takes(s: _State, row: Row, step: RowStep) -> Iterator[Event]:
@@ -281,9 +306,10 @@ def answer_by_verification(s: SSRState, budget: ThinkBudget) -> Iterator[Event]:
         proposers.append(SuffixProposer(s.index, ["reasoning", "prompt", "answer"], stop, cfg.spec_factor))
     while len(s.answer) < cfg.max_answer:
         # 1. propose
-        room = min(cfg.max_spec, cfg.max_answer - len(s.answer))
+        cap = s.room()  # longrope: a verify stays below the switch point until its first kept logit is past it
+        room = min(cfg.max_spec, cfg.max_answer - len(s.answer), cfg.max_spec if cap is None else cap)
         prop, who = None, None
-        for who in proposers:
+        for who in proposers if room > 0 else []:
             prop = who.propose(s.answer, room)
             if prop is not None:
                 break
