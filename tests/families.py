@@ -26,6 +26,7 @@ def _config(name: str, vocab: int):
     from transformers import (
         BambaConfig,
         DeepseekV3Config,
+        DeepseekV4Config,
         DeepseekV32Config,
         Exaone4Config,
         FalconH1Config,
@@ -38,6 +39,7 @@ def _config(name: str, vocab: int):
         GptOssConfig,
         GraniteMoeHybridConfig,
         JambaConfig,
+        KimiLinearConfig,
         Lfm2Config,
         LlamaConfig,
         Mamba2Config,
@@ -124,15 +126,32 @@ def _config(name: str, vocab: int):
                                           num_experts_per_tok=2, moe_intermediate_size=16, first_k_dense_replace=1,
                                           n_group=1, topk_group=1, **SMALL),
         "gpt2": lambda: GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=512),
-        # --- DeepSeek-V3.2's indexed sparse attention: its indexer keeps keys of its own, which a rollback
-        # does not crop: SSR is refused by the probe (plain decoding runs)
+        # --- DeepSeek-V3.2's indexed sparse attention: its indexer keeps keys of its own (a layer kind the
+        # SlotCache does not know: it runs on its own cache), and picks its top-k differently in a multi-token
+        # forward: SSR is refused by the probe (plain decoding runs)
         "deepseek-v32": lambda: DeepseekV32Config(vocab_size=vocab, num_hidden_layers=2, index_topk=8, index_n_heads=2,
                                                   index_head_dim=16, **MLA, **MLA_SMALL),
-        # --- MiniMax's lightning attention: a cache class of its own that refuses the engine's (and reports
-        # no length): plain decoding is refused by the probe, before the run, with transformers' own words
+        # --- caches the engine cannot swap for its own (engine.runtime.cache.OwnCache): MiniMax's lightning
+        # attention refuses any cache but its own class (which reports no length); DeepSeek-V4's compressed
+        # attention (a sliding window plus compressor and indexer states that grow every 4 / 8 tokens, one mask
+        # for every layer read off the first sliding one) has layer kinds of its own
+        "deepseek-v4": lambda: DeepseekV4Config(
+            vocab_size=vocab, hidden_size=32, moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=1, head_dim=16, q_lora_rank=16, o_groups=2, o_lora_rank=16, n_routed_experts=4,
+            num_experts_per_tok=2, hc_mult=2, sliding_window=6, index_n_heads=2, index_head_dim=16, index_topk=4,
+            layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+            compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+            max_position_embeddings=512),
         "minimax": lambda: MiniMaxConfig(vocab_size=vocab, num_hidden_layers=2, num_local_experts=4,
                                          num_experts_per_tok=2, layer_types=["linear_attention", "full_attention"],
                                          block_size=8, **SMALL),
+        # --- Kimi-Linear: Kimi Delta Attention (gated delta rule, short convolutions) beside MLA full attention
+        "kimi-linear": lambda: KimiLinearConfig(
+            vocab_size=vocab, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+            v_head_dim=8, num_local_experts=4, num_experts_per_tok=2, linear_head_dim=8, linear_num_heads=4,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+            max_position_embeddings=512),
         # --- position-scaled RoPE: frequencies change past SWITCH positions
         "phi3-longrope": lambda: Phi3Config(
             vocab_size=vocab, num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
@@ -151,9 +170,13 @@ RECURRENT = ("qwen3.5-4b", "qwen3-next", "lfm2", "nemotron-h")
 SCALED_ROPE = ("phi3-longrope", "llama-dynamic")
 STATE_SPACE = ("mamba", "mamba2", "falcon-mamba", "jamba", "falcon-h1", "bamba", "granitemoehybrid")
 MIXED = ("qwen3-moe", "deepseek-v3", "glm4-moe", "gpt2")  # experts, latent attention, Conv1D projections
-SSR_REFUSED = {"deepseek-v32": "rollback"}  # family: the probe's check that fails there
-PLAIN_REFUSED = {"minimax": "cache of its own"}  # family: what the probe's one-token decoding raised
-FAMILIES = (*SLIDING, *RECURRENT, *SCALED_ROPE, *STATE_SPACE, *MIXED, *SSR_REFUSED, *PLAIN_REFUSED)
+LINEAR_MLA = ("kimi-linear",)  # linear attention beside latent attention (tested in tests/test_probe.py)
+OWN_CACHE = ("minimax",)  # on the model's own cache class (engine.runtime.cache.OwnCache), SSR exact
+# family: the probe's check that fails there. Both run on their own caches, whose rollbacks and forks are
+# right; their prefill of n tokens differs from n - 1 then 1 (SSR's start), beyond rounding
+SSR_REFUSED = {"deepseek-v32": "split prefill", "deepseek-v4": "split prefill"}
+PLAIN_REFUSED: dict[str, str] = {}  # family: what the probe's one-token decoding raised
+FAMILIES = (*SLIDING, *RECURRENT, *SCALED_ROPE, *STATE_SPACE, *MIXED, *LINEAR_MLA, *OWN_CACHE, *SSR_REFUSED, *PLAIN_REFUSED)
 
 
 @functools.cache

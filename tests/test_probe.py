@@ -18,8 +18,9 @@ from engine.methods.ssr.loop import decode_ssr
 from engine.runtime import probe
 from engine.runtime.model import LoadedModel
 from engine.runtime.probe import MethodRefused, capabilities, tolerance
-from tests.families import MIXED, PLAIN_REFUSED, RECURRENT, SLIDING, SSR_REFUSED, STATE_SPACE, family_model
-from tests.tiny import make_model
+from tests.families import LINEAR_MLA, MIXED, OWN_CACHE, RECURRENT, SLIDING, SSR_REFUSED, STATE_SPACE, family_model
+from tests.family_sweep import plain_matches_generate, tiny_model
+from tests.tiny import make_model, make_tokenizer
 
 SMALL = dict(max_think=16, max_answer=20, max_draft=14)
 SETTINGS = (dict(draft_start=7, think_spec=3), dict(draft_start=3, max_spec=1, min_match=4),
@@ -97,14 +98,71 @@ def test_ssr_is_refused_before_the_run_where_a_check_fails(family, check):
     assert events == []  # refused before the first event, not mid-run
 
 
-@pytest.mark.parametrize("family, reason", sorted(PLAIN_REFUSED.items()))
-def test_a_model_that_cannot_decode_is_refused_before_the_run(family, reason):
-    lm = family_model(family)
+def test_a_model_that_cannot_decode_is_refused_before_the_run(monkeypatch):
+    """One-token decoding itself raises (as MiniMax's did on the engine's cache before it ran on its
+    own): plain decoding and SSR are refused before their first event, with the error."""
+    lm = _fresh(make_model("llama", seed=4, style="open"))
+
+    def broken(self, tokens, cache, start):
+        raise ValueError("this model refuses the cache")
+
+    monkeypatch.setattr(LoadedModel, "step_logits", broken)
     for decode in (decode_baseline, decode_ssr):
         events = []
-        with pytest.raises(MethodRefused, match=f"refused on .*one-token decoding: raised .*{reason}"):
+        with pytest.raises(MethodRefused, match="refused on .*one-token decoding: raised ValueError: this model refuses"):
             events.extend(decode(lm, "hello", RunConfig(**SMALL, draft_start=3)))
         assert events == []
+
+
+@pytest.mark.parametrize("family, own", [("minimax", "MiniMaxCache"), ("deepseek-v4", "DynamicCache")])
+def test_a_model_that_needs_its_own_cache_runs_on_it(family, own):
+    """MiniMax refuses any cache class but its own; DeepSeek-V4's compressor layers are kinds the
+    SlotCache does not know: both run on the cache transformers builds for them, and plain
+    decoding picks what generate()'s path (that cache, one token a forward) picks. (SSR: exact on
+    MiniMax, refused on DeepSeek-V4: ``SSR_REFUSED``.)"""
+    lm = family_model(family)
+    assert lm.layout.own == own and lm.layout.recurrent and not lm.layout.holes_ok
+    caps = capabilities(lm)
+    assert caps.check("rollback").ok and caps.check("fork").ok  # by checkpoint and re-read
+    assert not caps.failed(rollbacks=False), [str(c) for c in caps.checks]
+    base = list(decode_baseline(lm, PROMPTS[0], RunConfig(**SMALL)))[-1]
+    assert plain_matches_generate(lm, base, PROMPTS[0]) is None
+    assert base.answer_ids  # it ran to an answer
+
+
+@pytest.mark.parametrize("family", [*OWN_CACHE, *LINEAR_MLA])
+def test_greedy_ssr_equals_baseline_on_own_caches_and_kimi_linear(family):
+    lm = family_model(family)
+    base = list(decode_baseline(lm, PROMPTS[0], RunConfig(**SMALL)))[-1]
+    for setting in SETTINGS[::2]:
+        ssr = list(decode_ssr(lm, PROMPTS[0], RunConfig(**SMALL, **setting)))[-1]
+        assert _tokens(ssr) == _tokens(base), (family, setting)
+
+
+def test_a_model_whose_mask_does_not_hide_holes_runs_ssr_without_them():
+    """MPT places ALiBi by slot, not by the positions passed: a hole shifts every later bias. The
+    probe finds it, the model's rows hold no holes (one token per row per step while drafts
+    ride), and SSR still equals plain decoding."""
+    lm = tiny_model("mpt", make_tokenizer("open"))
+    caps = capabilities(lm)
+    assert not caps.check("holes").ok and not caps.failed() and not lm.holes_ok
+    assert "rows hold no holes" in caps.verify
+    base = list(decode_baseline(lm, PROMPTS[0], RunConfig(**SMALL)))[-1]
+    for setting in SETTINGS:
+        ssr = list(decode_ssr(lm, PROMPTS[0], RunConfig(**SMALL, **setting)))[-1]
+        assert _tokens(ssr) == _tokens(base), setting
+        assert ssr.stats.verify == caps.verify
+
+
+def test_the_multi_token_check_runs_at_several_offsets():
+    """DeepSeek-V3.2's indexer picks its top-k differently in a multi-token forward, even from an
+    empty state, at most prefix lengths: the probe finds it at its several widths and offsets
+    (routing later forwards one token at a time), and since SSR prefills all but the last prompt
+    token where plain decoding prefills all, SSR is refused rather than let diverge."""
+    caps = capabilities(_fresh(family_model("deepseek-v32")))
+    assert not caps.check("multi-token").ok and caps.one_token_steps
+    assert caps.check("rollback").ok and caps.check("fork").ok  # its own cache's rollbacks are right
+    assert not caps.check("split prefill").ok
 
 
 def test_a_broken_rollback_refuses_ssr_and_rsd(monkeypatch):

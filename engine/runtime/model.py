@@ -20,11 +20,13 @@ import torch
 
 from engine.presets import BUNDLED, BUNDLED_DIR, PRESETS, Preset
 from engine.runtime.cache import (
+    CacheLayout,
     Checkpoint,
     available_bytes,
     crop,
     layout,
     new_cache,
+    own_cache_class,
     restore,
     seq_length,
     take_rows,
@@ -138,14 +140,34 @@ class LoadedModel:
         self.compile_why: str | None = "no run yet"  # why the current run's steps are not compiled
         self._steps: CompiledSteps | None = None  # compiled once per model, kept across runs
         self._fixed: dict[tuple[int, int, str], object] = {}  # fixed caches by (capacity, rows, role), reused
-        self.layout = layout(model.config)  # which cache kinds: sliding windows, recurrent states
+        self._cache_plan: tuple[type | None, CacheLayout] | None = None  # (own cache class, layout), once decided
         self.rope = rope_of(model.config)  # position-scaled RoPE, if any
         # set by the capability probe (engine.runtime.probe): this model's multi-token forwards after a
         # cached state are wrong, so they run as one-token forwards
         self.one_token_steps = False
+        self.holes_unsafe = False  # set by the probe too: this model's mask does not hide holes, so rows hold none
         self._exact_check: Invariance | None = None  # exact mode's self-check on this model, once measured
         self.max_cache_bytes: int | None = None  # an operator's bound on one cache (None: what is available)
         self.slot_bytes: float | None = None  # KV bytes per slot per row, as measured on a cache of this model
+
+    @property
+    def layout(self) -> CacheLayout:
+        """Which cache kinds the model's cache has (sliding windows, recurrent states, its own class)."""
+        return self._plan()[1]
+
+    @property
+    def holes_ok(self) -> bool:
+        """Whether this run's rows may hold holes (``StepModel.holes_ok``): as the cache kinds allow,
+        unless the capability probe found this model's mask does not hide them."""
+        return self.layout.holes_ok and not self.holes_unsafe
+
+    def _plan(self) -> tuple[type | None, CacheLayout]:
+        """Decided once per model: a SlotCache, or the model's own cache class where it needs one
+        (``engine.runtime.cache.own_cache_class``: a short decode on each may decide it)."""
+        if self._cache_plan is None:
+            own = own_cache_class(self.model, self.context_length)
+            self._cache_plan = own, layout(self.model.config, own)
+        return self._cache_plan
 
     # ------------------------------------------------------------------ prompts
     def prompt_ids(self, user_text: str) -> list[int]:
@@ -250,9 +272,10 @@ class LoadedModel:
         up to a power of two and the buffers reused by the next run of that size (compiled steps
         and CUDA graphs keep their shapes and addresses). Only one fixed cache of a size and
         ``role`` is live at a time: handing it out again empties it."""
-        if self.compiled is None:
+        own = self._plan()[0]
+        if self.compiled is None or own is not None:
             self.check_memory(capacity, rows)
-            return new_cache(self.model.config, capacity, rows)
+            return new_cache(self.model.config, capacity, rows, own=own)
         capacity = _fixed_capacity(capacity)
         cache = self._fixed.get((capacity, rows, role))
         if cache is None:  # a reused fixed cache holds its memory already: only a new one is checked
@@ -297,7 +320,7 @@ class LoadedModel:
         target = ckpt.length + len(kept)
         if seq_length(cache) == target:
             return
-        if not ckpt.states:
+        if ckpt.crop_only:
             crop(cache, target)
             return
         restore(cache, ckpt)
@@ -350,7 +373,9 @@ class LoadedModel:
             return logits
         if width > t:
             ids = torch.cat([ids, ids[:, -1:].expand(b, width - t)], dim=1)
-            positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, width - t + 1, device=self.device)], 1)
+            # padding at the last position: it never reaches one the step's tokens do not (longrope picks its factors
+            # from the highest position in the forward), and with a cache passed no packed sequences are read into it
+            positions = torch.cat([positions, positions[:, -1:].expand(b, width - t)], 1)
         logits = self.compiled(ids, positions, mask, cache)
         cache.advanced(width)
         if width > t:

@@ -8,15 +8,21 @@ crop. So before the first SSR run on a model, :func:`capabilities` measures each
 one-token reference on the model as loaded, with a sequence long enough to cross every threshold
 its config names (a sliding window, a chunk size, an indexer's top-k):
 
-* **multi-token**: a k-token forward after a cached prefix equals k one-token forwards. If not,
+* **multi-token**: k-token forwards after a cached prefix (a few widths, one after another, so at a
+  few offsets) equal one-token forwards. If not,
   the model's later forwards run one token at a time (``LoadedModel.one_token_steps``: the
   model's public forward, once per token; plain decoding's prompt prefill, from an empty state,
   is unaffected) and the remaining checks run on that route.
+* **split prefill**: the prompt prefilled but for its last token, then that token (as SSR starts)
+  leaves the state one prefill leaves (as plain decoding starts).
 * **rollback**: fed tokens rolled back (and some of them re-fed) leave the state as if they had
   never been fed.
 * **fork**: a forked row equals its source, beside a row fed something else.
 * **holes** (caches that allow them, ``CacheLayout.holes_ok``): slots a row rejected, hidden by
-  its mask, change nothing; compacting them away changes nothing.
+  its mask, change nothing; compacting them away changes nothing. If not (a model that places
+  ALiBi or relative positions by slot, not by the positions passed: MPT, RoFormer, TrOCR's
+  decoder), the model's rows hold none (``LoadedModel.holes_unsafe``: SSR feeds one token per row
+  per step while drafts ride, as on a sliding-window model), and nothing is refused for it.
 
 A check passes when the largest logit difference is within ``sqrt(eps)`` of the logits' scale for
 the model's dtype (float32's at the finest): rounding grows with ``eps``, a lost state with the
@@ -35,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.runtime.batch import RowBatch
-from engine.runtime.cache import checkpoint
+from engine.runtime.cache import checkpoint, threshold_length
 from engine.runtime.model import LoadedModel, SSRUnsupportedError
 
 
@@ -45,8 +51,11 @@ class MethodRefused(SSRUnsupportedError):
 
 
 STEPS = 6  # tokens fed after the prefix in each check
-THRESHOLD_KEYS = ("sliding_window", "chunk_size", "mamba_chunk_size", "linear_chunk_size", "block_size",
-                  "index_topk", "attention_chunk_size")
+# the multi-token check's forwards, one after another from the prefix on: several widths at several
+# offsets, since a model may be right at one and not the next (DeepSeek-V3.2's indexer picks its top-k
+# over a multi-token forward's keys differently at most prefix lengths, not all)
+WIDTHS = (STEPS, 2, 3, 5)
+TAIL = sum(WIDTHS) + 2 * STEPS  # tokens after the prefix: the reference's stretch, then junk
 
 
 @dataclass(frozen=True)
@@ -76,16 +85,20 @@ class Capabilities:
     @property
     def verify(self) -> str:
         """How SSR's verifies run on this model, for the run's stats and the strip."""
+        holes = self.check("holes")
+        rows = "" if holes is None or holes.ok else f"; rows hold no holes: this model's mask does not hide them ({holes})"
         if not self.one_token_steps:
-            return "k tokens per forward"
-        return f"one token per step: this model's multi-token forward ignores its state ({self.check('multi-token')})"
+            return "k tokens per forward" + rows
+        return f"one token per step: this model's multi-token forward ignores its state ({self.check('multi-token')})" + rows
 
     def failed(self, rollbacks: bool = True) -> list[Check]:
         """The failed checks a method depends on. Plain decoding (``rollbacks`` false) needs
         one-token decoding and, where the probe chose them, one-token steps; SSR and RSD, which
-        roll rows back and fork them, need every check but the multi-token one."""
+        roll rows back and fork them, need every check but the ones a route answers (multi-token:
+        one token per step; holes: rows hold none)."""
         plain = ("one-token decoding", "one-token steps")
-        return [c for c in self.checks if not c.ok and c.name != "multi-token" and (rollbacks or c.name in plain)]
+        routed = ("multi-token", "holes")
+        return [c for c in self.checks if not c.ok and c.name not in routed and (rollbacks or c.name in plain)]
 
     def refusal(self, method: str, model_id: str, rollbacks: bool = True) -> str | None:
         """Why ``method`` cannot run exactly on this model, as measured, or None."""
@@ -115,11 +128,8 @@ def tolerance(dtype: torch.dtype) -> float:
 
 def probe_length(config, context: int | None) -> int:
     """A prefix long enough to cross every threshold the config names, within the context."""
-    config = config.get_text_config(decoder=True)
-    found = [getattr(config, k, None) for k in THRESHOLD_KEYS]
-    longest = max((v for v in found if isinstance(v, int) and v > 0), default=0)
-    length = max(24, min(longest, 512) + 8)
-    return min(length, context - 3 * STEPS) if context else length
+    length = threshold_length(config)
+    return min(length, context - TAIL) if context else length
 
 
 def capabilities(lm: LoadedModel) -> Capabilities:
@@ -144,14 +154,15 @@ def _measure(lm: LoadedModel) -> Capabilities:
 
 def _checks(lm: LoadedModel) -> Capabilities:
     t0 = time.perf_counter()
-    lm.one_token_steps = False
+    lm.one_token_steps = lm.holes_unsafe = False
     length = probe_length(lm.model.config, lm.context_length)
     vocab = lm.model.get_output_embeddings().weight.shape[0]
-    ids = [(7919 * i + 13) % vocab for i in range(length + 3 * STEPS)]
-    prefix, true, junk = ids[:length], ids[length : length + STEPS], ids[length + STEPS :]
+    ids = [(7919 * i + 13) % vocab for i in range(length + TAIL)]
+    prefix, stretch, junk = ids[:length], ids[length : length + sum(WIDTHS)], ids[length + sum(WIDTHS) :]
+    true = stretch[:STEPS]
     tol = tolerance(next(lm.model.parameters()).dtype)
     try:
-        ref = _reference(lm, prefix, true)
+        ref = _reference(lm, prefix, stretch)
     except Exception as err:  # noqa: BLE001 (any failure is the finding: plain decoding cannot run)
         broken = Check("one-token decoding", False, error=_short(err))
         return Capabilities((broken,), False, length, tol, time.perf_counter() - t0)
@@ -164,14 +175,16 @@ def _checks(lm: LoadedModel) -> Capabilities:
             return Check(name, False, error=_short(err))
         return Check(name, diff <= tol * scale, diff)
 
-    checks = [measured("multi-token", lambda: _multi_token(lm, prefix, true, ref))]
+    checks = [measured("multi-token", lambda: _multi_token(lm, prefix, stretch, ref))]
     lm.one_token_steps = not checks[0].ok
     if lm.one_token_steps:  # the route the checks below (and every later run) take: retried on it
-        checks.append(measured("one-token steps", lambda: _multi_token(lm, prefix, true, ref)))
+        checks.append(measured("one-token steps", lambda: _multi_token(lm, prefix, stretch, ref)))
+    checks.append(measured("split prefill", lambda: _split_prefill(lm, prefix, true, ref)))
     checks.append(measured("rollback", lambda: _rollback(lm, prefix, true, junk, ref)))
     checks.append(measured("fork", lambda: _fork(lm, prefix, true, junk, ref)))
     if lm.layout.holes_ok:
         checks.append(measured("holes", lambda: _holes(lm, prefix, true, junk, ref)))
+        lm.holes_unsafe = not checks[-1].ok  # the route every later run takes: rows hold no holes
     return Capabilities(tuple(checks), lm.one_token_steps, length, tol, time.perf_counter() - t0)
 
 
@@ -180,15 +193,16 @@ def _short(err: Exception) -> str:
 
 
 def _prefilled(lm: LoadedModel, prefix: list[int]):
-    cache = lm.new_cache(len(prefix) + 4 * STEPS, rows=2)
+    cache = lm.new_cache(len(prefix) + TAIL, rows=2)
     lm.step_logits(prefix, cache, 0)  # from an empty state: what plain decoding's prefill does
     return cache
 
 
-def _reference(lm: LoadedModel, prefix: list[int], true: list[int]) -> torch.Tensor:
-    """Logits ``[STEPS, V]`` after the prefix and each true token, fed one token a forward."""
+def _reference(lm: LoadedModel, prefix: list[int], stretch: list[int]) -> torch.Tensor:
+    """Logits ``[len(stretch), V]`` after the prefix and each token of ``stretch``, fed one token a
+    forward (the other checks compare their first :data:`STEPS` rows)."""
     cache = _prefilled(lm, prefix)
-    ref = torch.stack([lm.step_logits([t], cache, len(prefix) + j)[0] for j, t in enumerate(true)]).double()
+    ref = torch.stack([lm.step_logits([t], cache, len(prefix) + j)[0] for j, t in enumerate(stretch)]).double()
     if getattr(cache, "nbytes", 0):  # what one slot of one row costs, for the memory check before runs
         lm.slot_bytes = cache.nbytes / (cache.capacity * cache.rows_capacity)
     return ref
@@ -198,9 +212,24 @@ def _diff(logits: torch.Tensor, ref: torch.Tensor) -> float:
     return float((logits.double() - ref).abs().max())
 
 
-def _multi_token(lm, prefix, true, ref) -> float:
-    cache = _prefilled(lm, prefix)
-    return _diff(lm.step_logits(true, cache, len(prefix)), ref)
+def _multi_token(lm, prefix, stretch, ref) -> float:
+    """The stretch fed in forwards of :data:`WIDTHS` tokens, one after another."""
+    cache, at, diffs = _prefilled(lm, prefix), 0, []
+    for width in WIDTHS:
+        diffs.append(_diff(lm.step_logits(stretch[at : at + width], cache, len(prefix) + at), ref[at : at + width]))
+        at += width
+    return max(diffs)
+
+
+def _split_prefill(lm, prefix, true, ref) -> float:
+    """The prefix prefilled but for its last token, that token alone, then the true tokens: SSR
+    prefills so (the last prompt token is its main row's first input), plain decoding in one
+    forward. A model whose multi-token forward differs from one-token forwards even from an empty
+    state (DeepSeek-V3.2's indexer) cannot give both runs the same state."""
+    n = len(prefix)
+    cache = _prefilled(lm, prefix[:-1])
+    lm.step_logits(prefix[-1:], cache, n - 1)
+    return _diff(lm.step_logits(true, cache, n), ref[:STEPS])
 
 
 def _rollback(lm, prefix, true, junk, ref) -> float:
@@ -210,12 +239,12 @@ def _rollback(lm, prefix, true, junk, ref) -> float:
     mark = checkpoint(cache, n)
     lm.step_logits(junk, cache, n)
     lm.rewind(cache, mark, [])
-    first = _diff(lm.step_logits(true, cache, n), ref)
+    first = _diff(lm.step_logits(true, cache, n), ref[:STEPS])
     cache = _prefilled(lm, prefix)
     mark = checkpoint(cache, n)
     lm.step_logits(true[:2] + junk[:3], cache, n)
     lm.rewind(cache, mark, true[:2])
-    return max(first, _diff(lm.step_logits(true[2:], cache, n + 2), ref[2:]))
+    return max(first, _diff(lm.step_logits(true[2:], cache, n + 2), ref[2:STEPS]))
 
 
 def _fork(lm, prefix, true, junk, ref) -> float:

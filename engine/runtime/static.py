@@ -82,7 +82,9 @@ class SlotLayer(CacheLayerMixin):
     # ---------------------------------------------------------------- what attention sees
     @property
     def keys(self) -> torch.Tensor | None:
-        return self._k[: self.rows] if self.is_initialized else None
+        """What the layer holds, for models that read it directly (Dory's loops read the last loop's
+        K/V): the used slots when eager, the whole buffer when fixed (the mask hides the rest)."""
+        return self._held(self._k) if self.is_initialized else None
 
     @keys.setter
     def keys(self, value) -> None:  # CacheLayerMixin.__init__ sets None
@@ -90,7 +92,10 @@ class SlotLayer(CacheLayerMixin):
 
     @property
     def values(self) -> torch.Tensor | None:
-        return self._v[: self.rows] if self.is_initialized else None
+        return self._held(self._v) if self.is_initialized else None
+
+    def _held(self, buf: torch.Tensor) -> torch.Tensor:
+        return buf[: self.rows] if self.fixed else buf[: self.rows, :, : self.length]
 
     @values.setter
     def values(self, value) -> None:
@@ -207,6 +212,11 @@ class SlotCache(Cache):
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.fed if self.counts_tokens else super().get_seq_length(layer_idx)
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        """Without any attention layer (every layer recurrent: a mask only the model's bookkeeping
+        reads), the tokens fed; transformers' own raises there."""
+        return (self.fed + query_length, 0) if self.counts_tokens else super().get_mask_sizes(query_length, layer_idx)
 
     @property
     def rows_capacity(self) -> int:
