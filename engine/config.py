@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from engine.methods.rsd.acceptance import check_params
 from engine.runtime.compiled import COMPILE_MODES
+from engine.runtime.fixed import ROUTES as EXACT_ROUTES
 
 MAX_COUNT = 1_000_000  # an upper bound on every token count and interval (far beyond any model's context)
 MAX_SEED = 2**63 - 1  # the largest seed (torch.Generator takes a signed 64-bit integer)
@@ -60,6 +61,7 @@ class RunConfig:
     draft_confidence: float = 0.0
     # --- numerics
     exact: bool = False  # batch- and width-invariant forwards (engine.runtime.exact): slow, bitwise reproducible
+    exact_route: str = "auto"  # exact mode's route: rows (per-row reference), fixed (one padded step shape), auto (fixed on CUDA)
     compile: str = "auto"  # compiled fixed-shape steps (engine.runtime.compiled): auto (CUDA only), on, off
 
     def __post_init__(self) -> None:
@@ -82,6 +84,8 @@ class RunConfig:
         check_params(self.weighting, self.threshold, self.weight_param)
         _require("draft_confidence", self.draft_confidence, 0 <= self.draft_confidence <= 1, "must be in [0, 1]")
         _require("compile", self.compile, self.compile in COMPILE_MODES, f"must be one of {', '.join(COMPILE_MODES)}")
+        _require("exact_route", self.exact_route, self.exact_route in EXACT_ROUTES,
+                 f"must be one of {', '.join(EXACT_ROUTES)}")
         for name in ("suffix_recovery", "context_lookup", "exact"):
             _require(name, getattr(self, name), isinstance(getattr(self, name), bool), "must be true or false")
 
@@ -95,6 +99,11 @@ class RunConfig:
     def max_tokens(self) -> int:
         """RSD's budget for the whole response (reasoning and answer)."""
         return self.max_think + self.max_answer
+
+    @property
+    def exact_mode(self) -> str | bool:
+        """What a model's ``begin_run`` takes for exact mode: False (off) or the route asked for."""
+        return self.exact and self.exact_route
 
     @property
     def greedy(self) -> bool:

@@ -23,6 +23,8 @@ from engine.methods.rsd.acceptance import WEIGHTINGS
 from engine.presets import BUNDLED, PRESETS
 from engine.registry import METHODS
 from engine.runtime.compiled import COMPILE_MODES
+from engine.runtime.fixed import ROUTES as EXACT_ROUTES
+from engine.runtime.fixed import SHAPE as FIXED_SHAPE
 from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 from ssr_ui import charts
 from ssr_ui.benchmark import BENCH_METHODS, RUN_COLUMNS
@@ -154,6 +156,9 @@ def build_app(studio: Studio) -> gr.Blocks:
                                                info=f"a whole number in 0..{MAX_SEED}"))
                     exact = gr.Checkbox(value=cfg.exact, label="Exact mode",
                                         info="batch- and width-invariant forwards: bitwise the same answer, slower")
+                    exact_route = gr.Radio(list(EXACT_ROUTES), value=cfg.exact_route, label="Exact route",
+                                           info=f"rows: the per-row reference; fixed: every step one padded "
+                                                f"{FIXED_SHAPE} shape (for GPUs); auto: fixed on CUDA")
                     compile_steps = gr.Radio(list(COMPILE_MODES), value=cfg.compile, label="Compiled steps",
                                              info="fixed-shape steps through torch.compile (auto: on CUDA); "
                                                   "compiled once per model and shape, before the run")
@@ -285,7 +290,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                         "suffix_recovery": suffix, "context_lookup": lookup, "temperature": temperature, "seed": seed,
                         "draft_model": draft_model, "prm": prm, "threshold": threshold, "weighting": weighting,
                         "weight_param": weight_param, "think_spec": think_spec, "exact": exact,
-                        "draft_confidence": draft_confidence, "compile": compile_steps}
+                        "exact_route": exact_route, "draft_confidence": draft_confidence, "compile": compile_steps}
         models = {"draft_model": "", "prm": ""}  # not RunConfig fields: "" means the studio's default
 
         @on_gpu

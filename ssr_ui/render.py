@@ -272,14 +272,14 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         ("generated", str(c["generated"])), ("rejected", str(c["rejected"])),
     ]
     if view.exact:
-        items.insert(2, ("numerics", "exact"))
+        items.insert(2, ("numerics", "exact" + _route(view.stats.step_mode if view.stats else "")))
     if view.phase == "compiling":
         shapes = f": {view.compiled_shapes[0]} of {view.compiled_shapes[1]} shapes" if view.compiled_shapes else ""
         items[1] = ("phase", f"compiling steps for this device{shapes} (once per model and shape)")
     if view.stats and view.stats.step_mode.startswith("vllm "):
         items.append(("backend", html.escape(view.stats.step_mode)))
     elif view.stats and view.stats.step_mode:
-        compiled = view.stats.step_mode == "compiled"
+        compiled = view.stats.step_mode == "compiled" or view.stats.step_mode.endswith(" compiled")
         steps = "compiled" + (f" (compiling took {view.stats.compile_s:.1f} s before the run)" if view.stats.compile_s
                               else "") if compiled else "eager"
         items.append(("steps", f'<span title="{html.escape(view.stats.step_mode)}">{steps}</span>'))
@@ -344,3 +344,10 @@ def prompt_html(prompt: str) -> str:
 
 def error_html(message: str) -> str:
     return f'<div class="metrics error">⚠ {html.escape(message)}</div>'
+
+
+def _route(step_mode: str) -> str:
+    """Exact mode's route, from the run's step mode ("exact fixed 8x32 eager", "exact rows: ...")."""
+    if step_mode.startswith("exact fixed "):
+        return f" (fixed {step_mode.split()[2]})"
+    return " (per row)" if step_mode.startswith("exact rows") else ""

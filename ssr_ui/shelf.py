@@ -66,7 +66,7 @@ class ModelShelf:
 
     @staticmethod
     def _kind(lm, method: str, cfg) -> tuple:
-        return id(lm), method, cfg.exact, cfg.compile, cfg.num_drafts > 1, cfg.think_spec > 0
+        return id(lm), method, cfg.exact_mode, cfg.compile, cfg.num_drafts > 1, cfg.think_spec > 0
 
     def is_warm(self, lm, method: str, cfg) -> bool:
         return self._kind(lm, method, cfg) in self._warm_kinds

@@ -357,8 +357,21 @@ def test_models_with_recurrent_states_and_exact_mode_run_eagerly(eager_compiled)
     done = final(decode_baseline(lm, "hi", RunConfig(max_think=6, max_answer=4, compile="on")))
     assert done.stats.step_mode.startswith("eager: the model has recurrent states") and done.stats.compile_s == 0
     lm = eager_compiled(make_model("llama", seed=3, style="open"))
-    done = final(decode_baseline(lm, "hi", RunConfig(max_think=6, max_answer=4, compile="on", exact=True)))
-    assert done.stats.step_mode == "eager: exact mode runs its own Python kernels"
+    done = final(decode_baseline(lm, "hi", RunConfig(max_think=6, max_answer=4, compile="on", exact=True,
+                                                     exact_route="rows")))
+    assert done.stats.step_mode == "exact rows: one call per token row and per query" and lm.compiled is None
+
+
+def test_exact_modes_fixed_route_compiles_its_one_shape(eager_compiled):
+    """Exact mode's fixed route runs the model's own kernels, so its steps compile: one shape
+    (8 rows x 32 tokens) whatever the run, and SSR still equals plain decoding on it."""
+    lm = eager_compiled(make_model("llama", seed=3, style="open", dtype=torch.float32))
+    cfg = RunConfig(max_think=12, max_answer=10, max_draft=8, draft_start=3, think_spec=2, compile="on", exact=True,
+                    exact_route="fixed")
+    base, ssr = final(decode_baseline(lm, "hi", cfg)), final(decode_ssr(lm, "hi", cfg))
+    assert base.stats.step_mode == ssr.stats.step_mode == "exact fixed 8x32 compiled"
+    assert (ssr.reasoning_ids, ssr.answer_ids) == (base.reasoning_ids, base.answer_ids)
+    assert {shape[:2] for shape in lm.compiled.shapes} == {(8, 32)}
 
 
 @pytest.mark.skipif(compile_reason("on", torch.device("cpu"), False, False) is not None,

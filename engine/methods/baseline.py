@@ -27,7 +27,7 @@ def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Even
     new_tokens = cfg.max_think + cfg.max_answer + (len(lm.markers.close_ids) if lm.markers else 0)
     lm.check_fits(len(prompt_ids), new_tokens)
     require(lm, "plain decoding", rollbacks=False)  # the probe may route later multi-token forwards one by one
-    lm.begin_run(cfg.exact, cfg.compile)
+    lm.begin_run(cfg.exact_mode, cfg.compile)
     rec = Recorder(lm.tokenizer, "baseline", len(prompt_ids), lm.device)
     yield from rec.compiling(lm.prepare_steps(len(prompt_ids) + new_tokens))  # before the clock starts
     rec.start_clock(lm.step_mode)

@@ -66,7 +66,7 @@ def decode_hf(lm: StepModel, prompt: str, cfg: RunConfig, prompt_lookup: bool = 
         kwargs["prompt_lookup_num_tokens"] = PLD_TOKENS
     if static:
         kwargs["cache_implementation"] = "static"
-    lm.begin_run(cfg.exact)
+    lm.begin_run(cfg.exact_mode)
     start = time.perf_counter()
     try:
         with torch.inference_mode(), lm.forwards():

@@ -50,8 +50,8 @@ class ModelBackend(Protocol):
         """ValueError before a run that would not fit the model's context."""
         ...
 
-    def begin_run(self, exact: bool = False, compile: str = "off") -> None:
-        """Set up a run's numerics (exact mode, compiled steps), or refuse them with a reason."""
+    def begin_run(self, exact: str | bool = False, compile: str = "off") -> None:
+        """Set up a run's numerics (exact mode and its route, compiled steps), or refuse them with a reason."""
         ...
 
     def prepare_steps(self, capacity: int, rows: int = 1, row_width: int = 1) -> Iterator[Compiling]:
@@ -66,6 +66,7 @@ class StepModel(ModelBackend, Protocol):
     num_parameters: int
     layout: CacheLayout  # which cache kinds the model has (sliding windows, recurrent states)
     rope: Rope  # position-scaled RoPE, if any: where re-encoding or a refusal is needed
+    holes_ok: bool  # this run's rows may hold holes (the cache kinds allow them, and so does the exact route)
 
     def new_cache(self, capacity: int = 256, rows: int = 1, role: str = "") -> Any:
         """A cache for ``capacity`` slots and ``rows`` rows."""

@@ -41,7 +41,7 @@ from engine.remote.speculation import speculated_answer
 
 def decode_remote_baseline(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     """Yield the events of a plain run of ``prompt`` on the server."""
-    rm.begin_run(cfg.exact)
+    rm.begin_run(cfg.exact_mode)
     prompt_ids = rm.prompt_ids(prompt)
     rec = _recorder(rm, "baseline", prompt_ids)
     markers, eos = rm.markers, rm.eos_ids
@@ -80,7 +80,7 @@ def decode_remote_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[
     """Yield the events of a greedy SSR run of ``prompt`` on the server."""
     markers = rm.require_markers()
     cfg.check_ssr()
-    rm.begin_run(cfg.exact)
+    rm.begin_run(cfg.exact_mode)
     if not cfg.greedy:
         raise ValueError("SSR over a vLLM server is greedy only (temperature 0): verifying sampled tokens needs "
                          "the full distributions, and the server returns top-k log-probabilities")

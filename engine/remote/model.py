@@ -40,7 +40,7 @@ class RemoteModel:
 
     step_mode = backend  # what a run's stats say its steps ran on
 
-    def begin_run(self, exact: bool = False, compile: str = "off") -> None:
+    def begin_run(self, exact: str | bool = False, compile: str = "off") -> None:
         if exact:
             raise ValueError("exact mode runs in process only: a vLLM server has its own kernels")
 

@@ -39,7 +39,7 @@ def decode_served_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[
     """Yield the events of an SSR run of ``prompt`` on a server that speculates by itself."""
     markers = rm.require_markers()
     cfg.check_ssr()
-    rm.begin_run(cfg.exact)
+    rm.begin_run(cfg.exact_mode)
     if cfg.think_spec:
         raise ValueError("think_spec (reasoning lookups) runs in process only: set it to 0 for a vLLM server")
     prompt_ids = rm.prompt_ids(prompt)

@@ -417,13 +417,14 @@ class Invariance:
         return f"max logit difference: {rows}; {widths}" + (f"; first differing layer: {self.layer}" if self.layer else "")
 
 
-def invariance(lm, exact: bool = True) -> Invariance:
+def invariance(lm, exact: str | bool = "rows") -> Invariance:
     """Row 0's logits beside 1 and 2 other rows, and a token alone vs at every offset of 4-, 16-
-    and 32-token windows, after a shared prefix (``engine.tools.gpu_check`` reports the same on a
-    GPU). ``lm`` is a ``LoadedModel``; its current run's settings are kept."""
+    and 32-token windows, after a shared prefix, on exact mode's route ``exact`` ("rows", "fixed";
+    True: "rows"; False: the fast path) (``engine.tools.gpu_check`` reports the same on a GPU).
+    ``lm`` is a ``LoadedModel``; its current run's settings are kept."""
     t0 = time.perf_counter()
     saved = lm.exact, lm.compiled, lm.compile_why
-    lm.exact, lm.compiled = exact, None
+    lm.exact, lm.compiled = ("rows" if exact is True else exact), None
     try:
         vocab = lm.model.get_output_embeddings().weight.shape[0]
         switch = lm.rope.switch if lm.rope.kind else None  # stay below it: past it RoPE itself depends on width

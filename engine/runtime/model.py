@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from engine.presets import BUNDLED, BUNDLED_DIR, PRESETS, Preset
+from engine.runtime import fixed
 from engine.runtime.cache import (
     CacheLayout,
     Checkpoint,
@@ -135,7 +136,7 @@ class LoadedModel:
             eos.update(source if isinstance(source, list) else [source] if source is not None else [])
         self.eos_ids = frozenset(int(e) for e in eos)
         self.num_parameters = sum(p.numel() for p in model.parameters())
-        self.exact = False  # the current run's exact mode (set by begin_run)
+        self.exact: str | bool = False  # the current run's exact route, "rows" or "fixed" (set by begin_run)
         self.compiled: CompiledSteps | None = None  # the current run's compiled steps (set by begin_run)
         self.compile_why: str | None = "no run yet"  # why the current run's steps are not compiled
         self._steps: CompiledSteps | None = None  # compiled once per model, kept across runs
@@ -146,7 +147,7 @@ class LoadedModel:
         # cached state are wrong, so they run as one-token forwards
         self.one_token_steps = False
         self.holes_unsafe = False  # set by the probe too: this model's mask does not hide holes, so rows hold none
-        self._exact_check: Invariance | None = None  # exact mode's self-check on this model, once measured
+        self._exact_checks: dict[str, Invariance] = {}  # exact mode's self-check on this model, per route, once measured
         self.max_cache_bytes: int | None = None  # an operator's bound on one cache (None: what is available)
         self.slot_bytes: float | None = None  # KV bytes per slot per row, as measured on a cache of this model
 
@@ -158,8 +159,9 @@ class LoadedModel:
     @property
     def holes_ok(self) -> bool:
         """Whether this run's rows may hold holes (``StepModel.holes_ok``): as the cache kinds allow,
-        unless the capability probe found this model's mask does not hide them."""
-        return self.layout.holes_ok and not self.holes_unsafe
+        unless the capability probe found this model's mask does not hide them, or the run is on
+        exact mode's fixed route (a token at another slot is summed in another order)."""
+        return self.layout.holes_ok and not self.holes_unsafe and self.exact != "fixed"
 
     def _plan(self) -> tuple[type | None, CacheLayout]:
         """Decided once per model: a SlotCache, or the model's own cache class where it needs one
@@ -212,16 +214,19 @@ class LoadedModel:
         return self.markers
 
     # ------------------------------------------------------------------ forwards
-    def begin_run(self, exact: bool = False, compile: str = "off") -> None:
+    def begin_run(self, exact: str | bool = False, compile: str = "off") -> None:
         """Every run starts from the same model state (dynamic RoPE keeps one between calls);
-        ``exact`` makes its forwards batch- and width-invariant (``engine.runtime.exact``);
-        ``compile`` (auto / on / off) runs its steps compiled where that can work
-        (``engine.runtime.compiled``; :attr:`compile_why` says why not)."""
+        ``exact`` (False, or a route: ``rows``, ``fixed``, ``auto``; True is ``auto``) makes its
+        forwards batch- and width-invariant on that route (``engine.runtime.exact``,
+        ``engine.runtime.fixed``), refused before the run where the model's self-check on the
+        route is not bitwise; ``compile`` (auto / on / off) runs its steps compiled where that can
+        work (``engine.runtime.compiled``; :attr:`compile_why` says why not)."""
         self.rope.begin_run(self.model)
-        if exact:
-            self.check_exact()
-        self.exact = exact
-        self.compile_why = compile_reason(compile, self.device, self.layout.recurrent, exact)
+        route = self.exact_route(exact) if exact else False
+        if route:
+            self.check_exact(route)
+        self.exact = route
+        self.compile_why = compile_reason(compile, self.device, self.layout.recurrent, route == "rows")
         if self.compile_why is None and self._steps is None:
             self._steps = CompiledSteps(self.model, cuda_graphs=self.device.type == "cuda")
         self.compiled = self._steps if self.compile_why is None else None
@@ -241,20 +246,34 @@ class LoadedModel:
                                     f"slots), beyond {what} ({limit / 2**30:.2f} GB): lower the budgets, the number "
                                     "of drafts or reasoning lookups")
 
-    def check_exact(self) -> Invariance:
-        """Exact mode's self-check, run on this model before its first exact run and kept: row 0
-        beside other rows and a token inside wider forwards, bitwise against the same token alone.
-        :class:`ExactRefused` gives the measured difference and the first layer it appears in."""
-        if self._exact_check is None:
-            self._exact_check = invariance(self)
-        if not self._exact_check.exact:
-            raise ExactRefused(f"exact mode is refused on {self.model_id}: measured on this model, it is not "
-                               f"batch- and width-invariant ({self._exact_check}); run without exact mode")
-        return self._exact_check
+    def exact_route(self, requested: str | bool) -> str:
+        """The route an exact run takes on this model (``engine.runtime.fixed.resolve``); the fixed
+        route needs the engine's own fixed cache, which a model with a cache class of its own has not."""
+        route = fixed.resolve("auto" if requested is True else requested, self.device, self.layout.recurrent)
+        if route == "fixed" and self.layout.own is not None:
+            raise ValueError(f"exact mode's fixed route runs on the engine's fixed cache, and {self.model_id} uses a cache "
+                             f"class of its own ({self.layout.own.__name__}): use exact_route 'rows'")
+        return route
+
+    def check_exact(self, route: str = "rows") -> Invariance:
+        """Exact mode's self-check on ``route``, run on this model before its first exact run there
+        and kept: row 0 beside other rows and a token inside wider forwards, bitwise against the
+        same token alone. :class:`ExactRefused` gives the measured difference and the first layer."""
+        if route not in self._exact_checks:
+            self._exact_checks[route] = invariance(self, route)
+        check = self._exact_checks[route]
+        if not check.exact:
+            raise ExactRefused(f"exact mode's {route} route is refused on {self.model_id}: measured on this model, it is "
+                               f"not batch- and width-invariant ({check}); run without exact mode"
+                               + (" or on exact_route 'rows'" if route == "fixed" else ""))
+        return check
 
     @property
     def step_mode(self) -> str:
-        """How the current run's steps run, for its stats: "compiled" or "eager: <why>"."""
+        """How the current run's steps run, for its stats: "compiled", "eager: <why>", or exact
+        mode's route ("exact fixed 8x32 compiled", "exact rows: ...")."""
+        if self.exact:
+            return fixed.step_mode(self.exact, self.compiled is not None)
         return "compiled" if self.compiled is not None else f"eager: {self.compile_why}"
 
     @property
@@ -263,20 +282,22 @@ class LoadedModel:
         return self._steps.compile_seconds if self._steps else 0.0
 
     def forwards(self):
-        """The context every forward of the current run runs in (exact mode, or nothing)."""
-        return exact_forwards(self.model) if self.exact else contextlib.nullcontext()
+        """The context every forward of the current run runs in (exact mode's per-row ops, or nothing)."""
+        return exact_forwards(self.model) if self.exact == "rows" else contextlib.nullcontext()
 
     def new_cache(self, capacity: int = 256, rows: int = 1, role: str = ""):
         """A cache for ``capacity`` slots and ``rows`` rows (the run's budgets). When this run's
         steps are compiled it is fixed-shape: room for a padded step on top, the capacity rounded
         up to a power of two and the buffers reused by the next run of that size (compiled steps
         and CUDA graphs keep their shapes and addresses). Only one fixed cache of a size and
-        ``role`` is live at a time: handing it out again empties it."""
+        ``role`` is live at a time: handing it out again empties it. Exact mode's fixed route runs
+        on a fixed cache too, with its rows (``engine.runtime.fixed``), compiled or not."""
         own = self._plan()[0]
-        if self.compiled is None or own is not None:
+        if (self.compiled is None and self.exact != "fixed") or own is not None:
             self.check_memory(capacity, rows)
             return new_cache(self.model.config, capacity, rows, own=own)
         capacity = _fixed_capacity(capacity)
+        rows = fixed.capacity_rows(rows) if self.exact == "fixed" else rows
         cache = self._fixed.get((capacity, rows, role))
         if cache is None:  # a reused fixed cache holds its memory already: only a new one is checked
             self.check_memory(capacity, rows)
@@ -290,6 +311,8 @@ class LoadedModel:
         if self.compiled is None:
             return []
         capacity = _fixed_capacity(capacity)
+        if self.exact == "fixed":  # one shape, whatever the run: every step is padded to it
+            return [] if (fixed.ROWS, fixed.WIDTH, capacity, fixed.ROWS) in self.compiled.shapes else [(1, 1)]
         shapes = [(1, w) for w in BUCKETS] + [(r, w) for r in range(2, rows + 1) for w in BUCKETS if w <= bucket(row_width)]
         return [(r, w) for r, w in shapes if (r, w, capacity, rows) not in self.compiled.shapes]
 
@@ -346,6 +369,8 @@ class LoadedModel:
             return torch.cat([self.forward(input_ids[:, j : j + 1], cache, start + j, positions[:, j : j + 1],
                                            None if attention_mask is None else attention_mask[:, : start + j + 1])
                               for j in range(t)], dim=1)
+        if self.exact == "fixed":
+            return fixed.fixed_forward(self, input_ids, cache, start, positions, attention_mask)
         if getattr(cache, "fixed", False):
             return self._fixed_step(input_ids, cache, start, positions, attention_mask)
         with self.forwards():

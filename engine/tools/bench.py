@@ -50,6 +50,8 @@ from engine.remote.model import RemoteModel, check_backend
 from engine.remote.speculation import SPECULATIONS
 from engine.runlog import RunLog
 from engine.runtime.compiled import COMPILE_MODES
+from engine.runtime.fixed import ROUTES as EXACT_ROUTES
+from engine.runtime.fixed import SHAPE as FIXED_SHAPE
 from engine.runtime.model import ModelLoadError, SSRUnsupportedError
 from engine.wiring import Server, load_role, load_scorer, run_config
 
@@ -146,6 +148,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="compiled fixed-shape steps: auto (default: CUDA only), on, off; compile time is reported apart")
     ap.add_argument("--exact", action="store_true", default=None,
                     help="batch- and width-invariant forwards: slow, bitwise reproducible (docs/SSR.md)")
+    ap.add_argument("--exact-route", choices=EXACT_ROUTES, default=None,
+                    help="exact mode's route: rows (the per-row reference), fixed (every step one padded shape, "
+                         f"{FIXED_SHAPE}), auto (default: fixed on CUDA, rows elsewhere)")
     return ap.parse_args(argv)
 
 
@@ -165,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             check_method(m)
         if args.repeat < 1:
             raise ValueError(f"--repeat={args.repeat} must be >= 1")
-        flags = {k: getattr(args, k) for k in (*CONFIG_FLAGS, "exact", "compile") if getattr(args, k) is not None}
+        flags = {k: getattr(args, k) for k in (*CONFIG_FLAGS, "exact", "exact_route", "compile") if getattr(args, k) is not None}
         cfg = run_config(args.model, flags)
         problems, dataset = problems_from_args(args)
         grader = Grader(load_grader(args.grader) if args.grader else None)

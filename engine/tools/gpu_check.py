@@ -30,6 +30,12 @@ Numerics (the exact-mode issue), for the fast path and for exact mode (``engine.
   tokens: how many identical, and where the others diverged with the top-2 logit margin there;
 * ``seconds_per_token``: plain decoding, fast vs exact, and their ratio (exact mode's cost).
 
+Exact mode has two routes (``--exact-routes``; both on CUDA, the per-row reference alone on a CPU,
+where the fixed route's padded steps cost what 256 tokens cost): ``exact`` is the per-row route
+(``engine.runtime.exact``), ``exact_fixed`` the fixed-shape route (``engine.runtime.fixed``), each
+with the same invariance and agreement figures, and ``exact_cost_per_token`` /
+``exact_fixed_cost_per_token`` over the fast path.
+
 GPU figures not measured on a GPU are written as such in docs/BENCHMARKS.md.
 """
 
@@ -171,23 +177,25 @@ def compiled_vs_eager(device: torch.device, n: int, budgets: dict[str, RunConfig
     return out
 
 
-def logits_beside(lm: LoadedModel, rows: list[list[int]], prefix: list[int], exact: bool) -> torch.Tensor:
+def logits_beside(lm: LoadedModel, rows: list[list[int]], prefix: list[int], exact: str | bool) -> torch.Tensor:
     """Logits ``[rows, T, V]`` (float32) of ``rows`` fed together after a shared ``prefix``, in a
-    run with ``exact`` on or off (exact mode's self-check runs first)."""
+    run with ``exact`` off or on (a route; exact mode's self-check runs first)."""
     lm.begin_run(exact)
     return beside(lm, prefix, rows).float()
 
 
-def invariance(lm: LoadedModel, exact: bool) -> dict:
+def invariance(lm: LoadedModel, exact: str | bool) -> dict:
     """Largest logit difference of the same token across row counts and window widths: exact
     mode's own self-check (``engine.runtime.exact.invariance``), with the layer it first appears in."""
     inv = exact_invariance(lm, exact)
     return {"rows_max_abs_diff": inv.rows, "width_max_abs_diff": inv.widths, "first_differing_layer": inv.layer}
 
 
-def agreements(lm: LoadedModel, prompts: list[str], tokens: int, exact: bool) -> dict:
-    """Greedy SSR vs plain decoding on each prompt; per-token seconds of plain decoding."""
-    cfg = RunConfig(max_think=tokens, max_answer=32, draft_start=min(64, tokens - 1), max_draft=128, exact=exact)
+def agreements(lm: LoadedModel, prompts: list[str], tokens: int, exact: str | bool) -> dict:
+    """Greedy SSR vs plain decoding on each prompt (exact mode off, or on that route); per-token
+    seconds of plain decoding."""
+    cfg = RunConfig(max_think=tokens, max_answer=32, draft_start=min(64, tokens - 1), max_draft=128,
+                    exact=bool(exact), exact_route=exact or "auto")
     results, per_token = [], []
     for prompt in prompts:
         base = list(decode_baseline(lm, prompt, cfg))[-1]
@@ -211,8 +219,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time the bundled model's plain decoding compiled vs the eager static path")
     ap.add_argument("--compile", choices=COMPILE_MODES, default="auto",
                     help="the speed figures' steps: compiled (auto: on CUDA) or the eager static path")
+    ap.add_argument("--exact-routes", default=None,
+                    help="exact mode's routes to check, comma-separated: rows, fixed (default: both on CUDA, rows on a CPU)")
     args = ap.parse_args(argv)
     device = pick_device(args.device)
+    routes = (args.exact_routes or ("rows,fixed" if device.type == "cuda" else "rows")).split(",")
+    for route in routes:
+        if route not in ("rows", "fixed"):
+            raise SystemExit(f"--exact-routes: {route!r} is not a route (rows, fixed)")
     tokens = args.tokens or (512 if device.type == "cuda" else 48)
     start = time.perf_counter()
     lm = random_model(device)
@@ -227,17 +241,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.vs_eager:
         report["compiled_vs_eager"] = compiled_vs_eager(device, args.bundled_prompts)
         print(f"compiled vs eager static steps: {report['compiled_vs_eager']}", flush=True)
-    for mode, exact in (("fast", False), ("exact", True)):
+    modes = [("fast", False)] + [("exact" if route == "rows" else "exact_fixed", route) for route in routes]
+    for mode, exact in modes:
         report[mode] = {**invariance(lm, exact), "agreement": agreements(lm, PROMPTS[: args.prompts], tokens, exact)}
-        print(f"{mode:>5}: rows {report[mode]['rows_max_abs_diff']}  width {report[mode]['width_max_abs_diff']}  "
+        print(f"{mode:>11}: rows {report[mode]['rows_max_abs_diff']}  width {report[mode]['width_max_abs_diff']}  "
               f"SSR = baseline {report[mode]['agreement']['identical']}/{report[mode]['agreement']['of']}", flush=True)
-    fast, exact_s = report["fast"]["agreement"]["seconds_per_token"], report["exact"]["agreement"]["seconds_per_token"]
-    report["exact_cost_per_token"] = exact_s / fast
+    fast = report["fast"]["agreement"]["seconds_per_token"]
+    for mode, _ in modes[1:]:
+        report[f"{mode}_cost_per_token"] = report[mode]["agreement"]["seconds_per_token"] / fast
     report["seconds"] = time.perf_counter() - start
     Path(args.out).write_text(json.dumps(report, indent=1))
-    print(f"exact mode costs {report['exact_cost_per_token']:.2f}x the fast path per token "
-          f"({fast * 1e3:.2f} vs {exact_s * 1e3:.2f} ms); {report['seconds']:.0f} s; written to {args.out}")
-    for mode in ("fast", "exact"):
+    for mode, _ in modes[1:]:
+        print(f"{mode} costs {report[f'{mode}_cost_per_token']:.2f}x the fast path per token ({fast * 1e3:.2f} vs "
+              f"{report[mode]['agreement']['seconds_per_token'] * 1e3:.2f} ms)")
+    print(f"{report['seconds']:.0f} s; written to {args.out}")
+    for mode, _ in modes:
         for r in report[mode]["agreement"]["runs"]:
             if r != "identical":
                 print(f"  {mode}: {r}")

@@ -58,7 +58,7 @@ def decode_rsd(target, draft, scorer, prompt: str, cfg: RunConfig, mode: str = "
     models = {"draft": draft, "target": target}
     for name in plan.models:
         models[name].check_fits(len(prompt_ids), cfg.max_tokens)
-        models[name].begin_run(cfg.exact, cfg.compile)
+        models[name].begin_run(cfg.exact_mode, cfg.compile)
         yield from rec.compiling(models[name].prepare_steps(capacity))  # before the clock starts
     rec.start_clock(target.step_mode)
     writers = {name: writer(models[name], cfg, capacity, name) for name in ("target", "draft") if name in plan.models}

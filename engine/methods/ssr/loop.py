@@ -12,9 +12,9 @@ row's from the prompt and its reasoning, a draft's from itself, the reasoning an
 rows take different numbers of tokens per step; the slots a row rejected stay in the shared cache
 as *holes* that the row's attention mask hides, and each row carries its own positions. When only
 the main row is left its holes are compacted away. A finished row (end of sequence, ``max_draft``
-tokens) leaves the batch. Models whose cache cannot hold holes (sliding windows, recurrent states:
-``engine.runtime.cache``) feed one token per row per step while drafts ride, as the paper does; a
-lone main row still speculates. At ``max_think`` the end of thinking is forced (``ThinkBudget``).
+tokens) leaves the batch. Runs whose rows cannot hold holes (sliding windows, recurrent states:
+``engine.runtime.cache``; exact mode's fixed route: ``engine.runtime.fixed``) feed one token per
+row per step while drafts ride, as the paper does; a lone main row still speculates. At ``max_think`` the end of thinking is forced (``ThinkBudget``).
 
 Phase B, answer by verification (:func:`answer_by_verification`). Proposers are asked in order
 (draft prefix, suffix match in the drafts, suffix match in prompt/reasoning/answer); the first
@@ -68,7 +68,7 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     lm.check_fits(len(prompt_ids), new_tokens)
     lm.rope.check_speculation(len(prompt_ids) + new_tokens, lm.model_id)  # dynamic NTK past its switch point
     caps = require(lm, "SSR")  # measured on this model once: refused here, never a crash or divergence mid-run
-    lm.begin_run(cfg.exact, cfg.compile)
+    lm.begin_run(cfg.exact_mode, cfg.compile)
     capacity = len(prompt_ids) + new_tokens + max(cfg.max_spec, cfg.think_spec) + 1  # room for a verify past the end
     rec = Recorder(lm.tokenizer, "ssr", len(prompt_ids), lm.device)
     # before the clock starts: every shape (rows x width) the run can meet
@@ -174,7 +174,7 @@ def _reason_and_draft(s: _State, budget: ThinkBudget, first_input: int) -> Itera
             batch.fork()
         # 2. propose: behind its unfed tokens each row may put a lookup proposal (when rows may
         #    hold holes; a cache that cannot feeds one token per row per step, as the paper does)
-        spec = cfg.think_spec if (len(rows) == 1 or lm.layout.holes_ok) else 0
+        spec = cfg.think_spec if (len(rows) == 1 or lm.holes_ok) else 0
         room = min(spec, budget.picks - n)  # lookups never pass the model's share of the budget
         if len(s.drafts) < cfg.num_drafts:  # land exactly on the next fork
             room = min(room, fork_point(cfg, len(s.drafts)) - n - 1)
