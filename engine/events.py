@@ -79,7 +79,7 @@ class RunStats:
     peak_memory_mb: float | None = None  # the device's peak allocation during the run (CUDA)
     cache_mb: float | None = None  # the run's preallocated KV buffers (every row, every model), sized from its budgets
     compile_s: float = 0.0  # seconds compiling step shapes before the run started (never part of wall_s)
-    step_mode: str = ""  # "compiled", or "eager: <why not compiled>" (engine.runtime.compiled)
+    step_mode: str = ""  # "compiled", "eager: <why not compiled>" (engine.runtime.compiled), or exact mode's route
     verify: str = ""  # SSR: how its verifies ran on this model, as the capability probe measured (engine.runtime.probe)
     # SSR: mean seconds per reasoning step with no draft live / with drafts riding in the batch
     step_s_alone: float | None = None

@@ -158,7 +158,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                                         info="batch- and width-invariant forwards: bitwise the same answer, slower")
                     exact_route = gr.Radio(list(EXACT_ROUTES), value=cfg.exact_route, label="Exact route",
                                            info=f"rows: the per-row reference; fixed: every step one padded "
-                                                f"{FIXED_SHAPE} shape (for GPUs); auto: fixed on CUDA")
+                                                f"{FIXED_SHAPE} shape (for GPUs: a CPU pays for every padded "
+                                                "token); auto: fixed on CUDA")
                     compile_steps = gr.Radio(list(COMPILE_MODES), value=cfg.compile, label="Compiled steps",
                                              info="fixed-shape steps through torch.compile (auto: on CUDA); "
                                                   "compiled once per model and shape, before the run")

@@ -21,7 +21,7 @@ from engine.methods.baseline import decode_baseline
 from engine.methods.ssr.loop import decode_ssr
 from engine.runlog.compare import match_key
 from engine.runtime import fixed
-from engine.runtime.exact import ExactRefused, invariance
+from engine.runtime.exact import invariance
 from tests.families import family_model
 from tests.tiny import make_model
 
@@ -68,13 +68,28 @@ def test_the_routes_are_never_compared():
     assert runs["rows"].stats.step_mode.startswith("exact rows")
 
 
-def test_the_fixed_route_is_refused_where_a_padding_token_would_enter_a_state():
-    lm = family_model("qwen3.5-4b", dtype=torch.float32)
-    with pytest.raises(ValueError, match="padding token would enter this model's recurrent states"):
+@pytest.mark.parametrize("family, reason", [
+    ("qwen3.5-4b", "a padding token would enter this model's recurrent states"),
+    ("phi3-longrope", "rope_type 'longrope' picks its frequencies from each forward's highest position"),
+    ("llama-dynamic", "rope_type 'dynamic' picks its frequencies"),
+    ("qwen3-moe", "router routes the padding tokens too"),
+    ("minimax", "a cache class of its own"),
+])
+def test_the_fixed_route_is_refused_before_the_run_where_it_cannot_hold(family, reason):
+    """What the route's shape cannot fix is a property of what the model computes: refused before
+    the run with the reason (and ``auto`` takes the per-row route there, on CUDA too)."""
+    lm = family_model(family, dtype=torch.float32)
+    with pytest.raises(ValueError, match=f"fixed route cannot hold on this model: .*{reason}.*exact_route 'rows'"):
         final(decode_baseline(lm, PROMPT, RunConfig(max_think=4, max_answer=4, exact=True, exact_route="fixed")))
-    assert fixed.resolve("auto", torch.device("cuda"), recurrent=True) == "rows"
-    assert fixed.resolve("auto", torch.device("cuda"), recurrent=False) == "fixed"
-    assert fixed.resolve("auto", torch.device("cpu"), recurrent=False) == "rows"
+    unfit = fixed.unfit(lm.model.config, lm.layout, lm.rope)
+    assert fixed.resolve("auto", torch.device("cuda"), unfit) == "rows"
+
+
+def test_auto_takes_the_fixed_route_on_cuda_only():
+    lm = fp32("llama")
+    assert fixed.unfit(lm.model.config, lm.layout, lm.rope) is None
+    assert fixed.resolve("auto", torch.device("cuda"), None) == "fixed"
+    assert fixed.resolve("auto", torch.device("cpu"), None) == "rows"
 
 
 def test_a_run_with_more_rows_than_the_route_holds_is_refused_before_it_starts():
@@ -85,16 +100,14 @@ def test_a_run_with_more_rows_than_the_route_holds_is_refused_before_it_starts()
         next(iter(decode_ssr(lm, PROMPT, cfg)))
 
 
-def test_an_expert_router_fails_the_self_check_and_exact_mode_is_refused_with_the_layer():
-    """Padding tokens are routed too: how many tokens each expert gets, and so its matmul's shape,
-    follows the padding. The self-check measures it and the run is refused before it starts."""
-    lm = family_model("qwen3-moe", dtype=torch.float32)
-    inv = invariance(lm, "fixed")
+def test_an_expert_router_is_not_shape_invariant_on_the_fixed_route():
+    """Why routed experts are refused rather than trusted to the self-check: the padding tokens are
+    routed too, so an expert's token count follows the data; on this model one probe input already
+    shows it (another input might not, which is why the refusal does not wait for a measurement)."""
+    inv = invariance(family_model("qwen3-moe", dtype=torch.float32), "fixed")
     if inv.exact:
-        pytest.skip("this CPU's expert kernels happen to be shape-invariant here")
+        pytest.skip("this CPU's expert kernels happen to be shape-invariant on this input")
     assert inv.layer and "mlp" in inv.layer
-    with pytest.raises(ExactRefused, match="fixed route.*first differing layer"):
-        final(decode_baseline(lm, PROMPT, RunConfig(max_think=4, max_answer=4, exact=True, exact_route="fixed")))
 
 
 def test_without_its_padding_the_route_breaks_so_the_tests_can_fail(monkeypatch):

@@ -66,7 +66,7 @@ def decode_hf(lm: StepModel, prompt: str, cfg: RunConfig, prompt_lookup: bool = 
         kwargs["prompt_lookup_num_tokens"] = PLD_TOKENS
     if static:
         kwargs["cache_implementation"] = "static"
-    lm.begin_run(cfg.exact_mode)
+    lm.begin_run("rows" if cfg.exact else False)  # generate() runs the model's own forward: only the per-row route reaches it
     start = time.perf_counter()
     try:
         with torch.inference_mode(), lm.forwards():
@@ -75,6 +75,8 @@ def decode_hf(lm: StepModel, prompt: str, cfg: RunConfig, prompt_lookup: bool = 
         hook.remove()
     wall = time.perf_counter() - start
     rec.t0 = start
+    if cfg.exact:
+        rec.stats.step_mode = lm.step_mode  # the route it ran on: matched so, like every exact run
     yield rec.phase("prefill")
     generated = [t for t in out.tolist() if t not in lm.eos_ids]
     close = lm.markers.close_id if lm.markers else None

@@ -25,8 +25,10 @@ def finished(run: Mapping) -> bool:
 def match_key(run: Mapping) -> tuple:
     """What two runs must share to be compared: the prompt, model, precision, device (or server),
     both budgets, temperature and top-p, the seed when sampling (greedy runs ignore it), exact
-    mode, and the step mode actually used ("compiled", "eager" or "vllm <url>"; an eager run's
-    reason for being eager does not change its speed). ``run`` is a runs-table row (its
+    mode, and the step mode actually used ("compiled", "eager", "vllm <url>", or exact mode's
+    route: "exact rows", "exact fixed 8x32 eager" / "... compiled", each exact only within itself;
+    an eager run's reason for being eager does not change its speed). Exact runs logged before
+    the routes (step mode "eager: exact mode ...") match no new exact run. ``run`` is a runs-table row (its
     ``config`` a dict or its JSON) or a dict of the same keys for a run not logged yet."""
     cfg = _config(run)
     sampled = (cfg.get("temperature") or 0) > 0

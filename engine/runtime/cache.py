@@ -111,6 +111,13 @@ def threshold_length(config) -> int:
     return max(24, min(longest, 512) + 8)
 
 
+def unknown_layer_kinds(config) -> list[str]:
+    """The cache layer classes transformers makes for ``config`` that :data:`KNOWN_LAYERS` does not
+    list (DeepSeek-V3.2's indexer, DeepSeek-V4's compressor), by name."""
+    return sorted({type(layer).__name__ for layer in DynamicCache(config=config).layers
+                   if type(layer) not in KNOWN_LAYERS})
+
+
 def own_cache_class(model, context: int | None = None) -> type | None:
     """The cache class the engine must run ``model`` on instead of a :class:`SlotCache` (None: a
     SlotCache will do). Transformers' cache for the config as it is, where it has a layer kind
@@ -120,7 +127,7 @@ def own_cache_class(model, context: int | None = None) -> type | None:
     over a prefill past every threshold and two steps. None where the model cannot decode on its own
     cache either: the capability probe then reports the SlotCache's error."""
     config = model.config
-    if any(type(layer) not in KNOWN_LAYERS for layer in DynamicCache(config=config).layers):
+    if unknown_layer_kinds(config):
         return DynamicCache
     length = threshold_length(config) if not context else min(threshold_length(config), context - 2)
     ids = [(7919 * i + 13) % model.get_output_embeddings().weight.shape[0] for i in range(length + 2)]

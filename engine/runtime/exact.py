@@ -178,15 +178,27 @@ def exact_einsum(equation: str, *operands: torch.Tensor) -> torch.Tensor:
     acc = torch.promote_types(dtype, torch.float32)  # bf16 / fp16 products and sums kept in fp32
     views = [_aligned(t.to(acc), spec, letters) for spec, t in zip(specs, operands, strict=True)]
     sizes = [max(v.shape[i] for v in views) for i in range(len(letters))]
-    if not out:
-        return _pairwise_sum(_product(views, sizes).reshape(-1)).to(dtype)
-    step = max(1, PRODUCT_LIMIT // max(1, math.prod(sizes[1:])))  # chunks along the first result letter
+    return _contract(views, sizes, len(out), bool(contracted)).to(dtype)
+
+
+def _contract(views: list[torch.Tensor], sizes: list[int], n_out: int, contracted: bool) -> torch.Tensor:
+    """The products of ``views`` (aligned, result letters first) summed over the contracted ones,
+    never more than ``PRODUCT_LIMIT`` products at once: chunked along the first result letter, and
+    where one slice of it is still too big, one slice at a time along the next. Each element's sum
+    is the same pairwise sum whatever the chunks."""
+    if n_out == 0:
+        return _pairwise_sum(_product(views, sizes).reshape(-1))
+    rest = math.prod(sizes[1:])
+    if rest > PRODUCT_LIMIT and n_out > 1:
+        return torch.stack([_contract([v[i] if v.shape[0] > 1 else v[0] for v in views], sizes[1:], n_out - 1, contracted)
+                            for i in range(sizes[0])])
+    step = max(1, PRODUCT_LIMIT // max(1, rest))
     parts = []
     for i in range(0, sizes[0], step):
         chunk = [v[i : i + step] if v.shape[0] > 1 else v for v in views]
         prod = _product(chunk, [min(step, sizes[0] - i), *sizes[1:]])
-        parts.append(_pairwise_sum(prod.reshape(*prod.shape[: len(out)], -1)) if contracted else prod)
-    return torch.cat(parts).to(dtype)
+        parts.append(_pairwise_sum(prod.reshape(*prod.shape[:n_out], -1)) if contracted else prod)
+    return torch.cat(parts)
 
 
 def _parse_einsum(equation: str, ndims: list[int]) -> tuple[list[str], str]:
@@ -424,7 +436,10 @@ def invariance(lm, exact: str | bool = "rows") -> Invariance:
     ``lm`` is a ``LoadedModel``; its current run's settings are kept."""
     t0 = time.perf_counter()
     saved = lm.exact, lm.compiled, lm.compile_why
-    lm.exact, lm.compiled = ("rows" if exact is True else exact), None
+    route = "rows" if exact is True else exact
+    lm.exact = route
+    if route != "fixed":  # the fixed route is checked on the run's own step: compiled when the run compiles
+        lm.compiled = None
     try:
         vocab = lm.model.get_output_embeddings().weight.shape[0]
         switch = lm.rope.switch if lm.rope.kind else None  # stay below it: past it RoPE itself depends on width

@@ -21,9 +21,11 @@ A row's tokens must sit at the same slots in every run, or attention would sum t
 another order: on this route rows hold no holes (SSR feeds one token per row per step while
 drafts ride, as on a sliding-window model; a lone row still verifies k tokens). Models with
 recurrent states cannot pad (a padding token would enter the state): the route is refused there.
-Anything else the route cannot keep (an MoE router: padding changes how many tokens each expert
-gets, and so its matmul's shape) is caught by exact mode's self-check, run on the loaded model on
-this route, which refuses it with the measured difference. When the run's steps are compiled
+So are a model's own cache class, position-scaled RoPE (its frequencies follow each forward's
+highest position, and wide forwards run here in chunks) and routed experts (the router routes
+the padding too, so an expert's matmul shape follows the data): :func:`unfit`. Anything else the
+route cannot keep is caught by exact mode's self-check, run on the loaded model on this route (on
+its compiled step when the run compiles), which refuses it with the measured difference. When the run's steps are compiled
 (``engine.runtime.compiled``), the one shape is compiled once and on CUDA replayed as a CUDA graph.
 
 The two routes are each exact within themselves, not bitwise equal to each other: the run's step
@@ -36,22 +38,53 @@ import contextlib
 
 import torch
 
+from engine.runtime.cache import crop
+
 ROUTES = ("auto", "rows", "fixed")
 ROWS, WIDTH = 8, 32  # one shape per model, shared by every exact run on this route (baseline, SSR, RSD)
 SHAPE = f"{ROWS}x{WIDTH}"
 
 
-def resolve(requested: str, device: torch.device, recurrent: bool) -> str:
+def resolve(requested: str, device: torch.device, unfit: str | None) -> str:
     """The route an exact run takes: ``auto`` is the fixed route on CUDA (where the per-row route is
-    launch-bound) and the per-row route elsewhere; ValueError where the fixed route cannot hold."""
+    launch-bound) and the per-row route elsewhere, or wherever the fixed route cannot hold
+    (``unfit``: why, from :func:`unfit`); an explicit ``fixed`` there is a ValueError saying why."""
     if requested not in ROUTES:
         raise ValueError(f"exact_route must be one of {', '.join(ROUTES)}, not {requested!r}")
     if requested == "auto":
-        return "fixed" if device.type == "cuda" and not recurrent else "rows"
-    if requested == "fixed" and recurrent:
-        raise ValueError("exact mode's fixed route pads every step to one shape, and a padding token would enter "
-                         "this model's recurrent states: use exact_route 'rows' (the per-row reference)")
+        return "fixed" if device.type == "cuda" and unfit is None else "rows"
+    if requested == "fixed" and unfit is not None:
+        raise ValueError(f"exact mode's fixed route cannot hold on this model: {unfit}; use exact_route 'rows' "
+                         "(the per-row reference)")
     return requested
+
+
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
+
+
+def unfit(config, layout, rope) -> str | None:
+    """Why the fixed route cannot hold on a model (None: it may; its self-check then measures it).
+    Each reason is a property of what the model computes, not of its class:
+
+    * a cache class of the model's own: the route needs the engine's fixed cache;
+    * recurrent states: a padding token would enter them;
+    * position-scaled RoPE: its frequencies follow each forward's highest position, and the route
+      runs a wide forward in chunks of :data:`WIDTH`;
+    * routed experts: the router routes the padding tokens too, so how many tokens each expert
+      gets, and so its matmul's shape, follows the data (one self-check input may pass by chance).
+    """
+    if layout.own:
+        return f"it runs on the engine's fixed cache, and this model keeps a cache class of its own ({layout.own})"
+    if layout.recurrent:
+        return "a padding token would enter this model's recurrent states"
+    if rope.kind:
+        return (f"this model's rope_type {rope.kind!r} picks its frequencies from each forward's highest position, "
+                f"and the route runs wide forwards in chunks of {WIDTH}")
+    text = config.get_text_config(decoder=True)
+    if any(isinstance(getattr(text, k, None), int) and getattr(text, k) > 1 for k in EXPERT_KEYS):
+        return ("its experts' router routes the padding tokens too, so each expert's matmul shape follows the data, "
+                "not the step's shape")
+    return None
 
 
 def step_mode(route: str, compiled: bool) -> str:
@@ -94,14 +127,20 @@ def _step(lm, ids: torch.Tensor, cache, start: int, positions: torch.Tensor,
     if attention_mask is not None:
         mask[:b, : attention_mask.shape[1]] = attention_mask
     with _rows_in_use(cache, rows):
-        if lm.compiled is not None and cache.ready:
-            logits = lm.compiled(ids, positions, mask, cache)
-        else:  # a first forward makes the buffers eagerly
-            logits = lm.model(input_ids=ids, cache=cache, position_ids=positions, attention_mask=mask, use_cache=True,
-                              logits_to_keep=width).logits
+        if lm.compiled is not None and not cache.ready:  # an eager forward makes the buffers, then the step
+            _eager(lm, ids, positions, mask, cache)       # runs compiled, as every step of a compiled run does
+            cache.advanced(width)
+            crop(cache, start)
+        logits = lm.compiled(ids, positions, mask, cache) if lm.compiled is not None else \
+            _eager(lm, ids, positions, mask, cache)
     cache.advanced(width)
-    cache.crop(t - width)  # the padding's slots given back
+    crop(cache, start + t)  # the padding's slots given back
     return logits[:b, :t]
+
+
+def _eager(lm, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
+    return lm.model(input_ids=ids, cache=cache, position_ids=positions, attention_mask=mask, use_cache=True,
+                    logits_to_keep=ids.shape[1]).logits
 
 
 def _shape(live_rows: int, tokens: int) -> tuple[int, int]:

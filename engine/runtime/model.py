@@ -147,7 +147,7 @@ class LoadedModel:
         # cached state are wrong, so they run as one-token forwards
         self.one_token_steps = False
         self.holes_unsafe = False  # set by the probe too: this model's mask does not hide holes, so rows hold none
-        self._exact_checks: dict[str, Invariance] = {}  # exact mode's self-check on this model, per route, once measured
+        self._exact_checks: dict[tuple, Invariance] = {}  # exact mode's self-check, per (route, compiled), once measured
         self.max_cache_bytes: int | None = None  # an operator's bound on one cache (None: what is available)
         self.slot_bytes: float | None = None  # KV bytes per slot per row, as measured on a cache of this model
 
@@ -221,15 +221,15 @@ class LoadedModel:
         ``engine.runtime.fixed``), refused before the run where the model's self-check on the
         route is not bitwise; ``compile`` (auto / on / off) runs its steps compiled where that can
         work (``engine.runtime.compiled``; :attr:`compile_why` says why not)."""
-        self.rope.begin_run(self.model)
         route = self.exact_route(exact) if exact else False
-        if route:
-            self.check_exact(route)
-        self.exact = route
         self.compile_why = compile_reason(compile, self.device, self.layout.recurrent, route == "rows")
         if self.compile_why is None and self._steps is None:
             self._steps = CompiledSteps(self.model, cuda_graphs=self.device.type == "cuda")
         self.compiled = self._steps if self.compile_why is None else None
+        if route:
+            self.check_exact(route)  # on the run's own steps: the fixed route checks its compiled step when compiled
+        self.exact = route
+        self.rope.begin_run(self.model)  # last: the checks above run forwards of their own
 
     def check_memory(self, capacity: int, rows: int) -> None:
         """``MemoryRefused`` before a cache of these sizes is made, when its estimate (the bytes per
@@ -244,24 +244,24 @@ class LoadedModel:
             if limit is not None and need > limit:
                 raise MemoryRefused(f"this run's KV cache would take {need / 2**30:.2f} GB ({rows} rows x {capacity} "
                                     f"slots), beyond {what} ({limit / 2**30:.2f} GB): lower the budgets, the number "
-                                    "of drafts or reasoning lookups")
+                                    "of drafts or reasoning lookups" + (f" (exact mode's fixed route holds {fixed.ROWS} "
+                                    "rows whatever the run: exact_route 'rows' holds the run's own)"
+                                    if self.exact == "fixed" else ""))
 
     def exact_route(self, requested: str | bool) -> str:
         """The route an exact run takes on this model (``engine.runtime.fixed.resolve``); the fixed
         route needs the engine's own fixed cache, which a model with a cache class of its own has not."""
-        route = fixed.resolve("auto" if requested is True else requested, self.device, self.layout.recurrent)
-        if route == "fixed" and self.layout.own is not None:
-            raise ValueError(f"exact mode's fixed route runs on the engine's fixed cache, and {self.model_id} uses a cache "
-                             f"class of its own ({self.layout.own.__name__}): use exact_route 'rows'")
-        return route
+        unfit = fixed.unfit(self.model.config, self.layout, self.rope)
+        return fixed.resolve("auto" if requested is True else requested, self.device, unfit)
 
     def check_exact(self, route: str = "rows") -> Invariance:
         """Exact mode's self-check on ``route``, run on this model before its first exact run there
         and kept: row 0 beside other rows and a token inside wider forwards, bitwise against the
         same token alone. :class:`ExactRefused` gives the measured difference and the first layer."""
-        if route not in self._exact_checks:
-            self._exact_checks[route] = invariance(self, route)
-        check = self._exact_checks[route]
+        key = route, route == "fixed" and self.compiled is not None  # a compiled step is checked as it will run
+        if key not in self._exact_checks:
+            self._exact_checks[key] = invariance(self, route)
+        check = self._exact_checks[key]
         if not check.exact:
             raise ExactRefused(f"exact mode's {route} route is refused on {self.model_id}: measured on this model, it is "
                                f"not batch- and width-invariant ({check}); run without exact mode"
@@ -308,6 +308,8 @@ class LoadedModel:
     def shapes_to_compile(self, capacity: int, rows: int = 1, row_width: int = 1) -> list[tuple[int, int]]:
         """The step shapes (rows, width) a run of these sizes can meet that are not compiled yet:
         one row at every width bucket, ``2..rows`` rows at the buckets up to ``row_width`` tokens."""
+        if self.exact == "fixed":
+            fixed.capacity_rows(rows)  # refused here, before anything compiles, when the run has more rows
         if self.compiled is None:
             return []
         capacity = _fixed_capacity(capacity)

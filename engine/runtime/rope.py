@@ -60,9 +60,15 @@ class Rope:
             return None
         return [self.switch - p for p in positions]
 
-    def check_speculation(self, longest: int, model_id: str) -> None:
-        """ValueError when a speculative run on a dynamic NTK model could reach ``longest`` tokens
-        past the switch point (longrope re-encodes there instead)."""
+    def check_speculation(self, longest: int, model_id: str, recurrent: bool = False) -> None:
+        """ValueError when a speculative run could reach ``longest`` tokens past the switch point
+        on a dynamic NTK model, or on a longrope model with ``recurrent`` states (its rows' re-encode
+        there starts from an empty cache, which a recurrent state is not made by a crop)."""
+        if self.reprefills and recurrent and longest > self.switch:
+            raise ValueError(
+                f"{model_id} uses rope_type 'longrope' and has recurrent states: SSR re-encodes every row at the switch "
+                f"point ({self.switch} tokens), which a recurrent state cannot be cropped for; this run could reach "
+                f"{longest} tokens: keep prompt + budgets within {self.switch}, or use Baseline")
         if self.kind == "dynamic" and longest > self.switch:
             raise ValueError(
                 f"{model_id} uses rope_type 'dynamic' (NTK), whose frequencies grow past {self.switch} tokens with the "

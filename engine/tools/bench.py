@@ -170,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             check_method(m)
         if args.repeat < 1:
             raise ValueError(f"--repeat={args.repeat} must be >= 1")
+        if args.exact_route and not args.exact:
+            raise ValueError(f"--exact-route {args.exact_route} chooses exact mode's route: add --exact")
         flags = {k: getattr(args, k) for k in (*CONFIG_FLAGS, "exact", "exact_route", "compile") if getattr(args, k) is not None}
         cfg = run_config(args.model, flags)
         problems, dataset = problems_from_args(args)

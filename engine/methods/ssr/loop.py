@@ -66,7 +66,7 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     last_fork = min(fork_point(cfg, cfg.num_drafts - 1), cfg.max_think)
     new_tokens = len(markers.close_ids) + max(cfg.max_think + cfg.max_answer, last_fork + cfg.max_draft)
     lm.check_fits(len(prompt_ids), new_tokens)
-    lm.rope.check_speculation(len(prompt_ids) + new_tokens, lm.model_id)  # dynamic NTK past its switch point
+    lm.rope.check_speculation(len(prompt_ids) + new_tokens, lm.model_id, lm.layout.recurrent)  # past a RoPE switch
     caps = require(lm, "SSR")  # measured on this model once: refused here, never a crash or divergence mid-run
     lm.begin_run(cfg.exact_mode, cfg.compile)
     capacity = len(prompt_ids) + new_tokens + max(cfg.max_spec, cfg.think_spec) + 1  # room for a verify past the end
