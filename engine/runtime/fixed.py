@@ -25,8 +25,9 @@ So are a model's own cache class, position-scaled RoPE (its frequencies follow e
 highest position, and wide forwards run here in chunks) and routed experts (the router routes
 the padding too, so an expert's matmul shape follows the data): :func:`unfit`. Anything else the
 route cannot keep is caught by exact mode's self-check, run on the loaded model on this route (on
-its compiled step when the run compiles), which refuses it with the measured difference. When the run's steps are compiled
-(``engine.runtime.compiled``), the one shape is compiled once and on CUDA replayed as a CUDA graph.
+its compiled step when the run compiles), which refuses it with the measured difference. When
+the run's steps are compiled (``engine.runtime.compiled``), the one shape is compiled once and on
+CUDA replayed as a CUDA graph.
 
 The two routes are each exact within themselves, not bitwise equal to each other: the run's step
 mode names the route ("exact fixed 8x32 ..."), and comparisons match on it.
@@ -122,10 +123,8 @@ def _step(lm, ids: torch.Tensor, cache, start: int, positions: torch.Tensor,
     rows, width = _shape(b, t)
     if start + width > cache.capacity:
         raise RuntimeError(f"a {width}-token step at slot {start} does not fit a cache of {cache.capacity} slots")
-    ids, positions = _padded(ids, rows, width), _padded(positions, rows, width)
-    mask = torch.ones(rows, cache.capacity, dtype=torch.long, device=ids.device)  # causality hides later slots
-    if attention_mask is not None:
-        mask[:b, : attention_mask.shape[1]] = attention_mask
+    ids, positions = padded(ids, rows, width), padded(positions, rows, width)
+    mask = capacity_mask(attention_mask, rows, cache.capacity, ids.device)
     with _rows_in_use(cache, rows):
         if lm.compiled is not None and not cache.ready:  # an eager forward makes the buffers, then the step
             _eager(lm, ids, positions, mask, cache)       # runs compiled, as every step of a compiled run does
@@ -148,11 +147,23 @@ def _shape(live_rows: int, tokens: int) -> tuple[int, int]:
     return ROWS, WIDTH
 
 
-def _padded(x: torch.Tensor, rows: int, width: int) -> torch.Tensor:
-    """``x`` ``[b, t]`` as ``[rows, width]``: each row's last column repeated (its padding sits at
-    its last position), then row 0 repeated as the padding rows."""
+def padded(x: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """``x`` ``[b, t]`` (token ids or positions) as ``[rows, width]``: each row's last column
+    repeated (its padding sits at its last position, so it never reaches a position the step's
+    tokens do not: longrope picks its factors from the highest; with a cache passed transformers
+    reads no packed sequences into it), then row 0 repeated as the padding rows. Every fixed-shape
+    step pads so, compiled buckets (``LoadedModel._fixed_step``) and this route alike."""
     x = torch.cat([x, x[:, -1:].expand(x.shape[0], width - x.shape[1])], dim=1)
     return torch.cat([x, x[:1].expand(rows - x.shape[0], width)])
+
+
+def capacity_mask(attention_mask: torch.Tensor | None, rows: int, capacity: int, device) -> torch.Tensor:
+    """A fixed cache's mask ``[rows, capacity]``: the step's own mask over its first slots, every
+    other slot visible (causality hides the ones past each query; padding rows see them all)."""
+    mask = torch.ones(rows, capacity, dtype=torch.long, device=device)
+    if attention_mask is not None:
+        mask[: attention_mask.shape[0], : attention_mask.shape[1]] = attention_mask
+    return mask
 
 
 @contextlib.contextmanager

@@ -249,8 +249,8 @@ class LoadedModel:
                                     if self.exact == "fixed" else ""))
 
     def exact_route(self, requested: str | bool) -> str:
-        """The route an exact run takes on this model (``engine.runtime.fixed.resolve``); the fixed
-        route needs the engine's own fixed cache, which a model with a cache class of its own has not."""
+        """The route an exact run takes on this model (``engine.runtime.fixed.resolve``), or a
+        ValueError where the fixed route is asked for and this model rules it out (``fixed.unfit``)."""
         unfit = fixed.unfit(self.model.config, self.layout, self.rope)
         return fixed.resolve("auto" if requested is True else requested, self.device, unfit)
 
@@ -387,9 +387,7 @@ class LoadedModel:
         width runs compiled (padded up to it, the padding's slots given back after), a wider one
         (a prefill) eagerly."""
         b, t = ids.shape
-        mask = torch.ones(b, cache.capacity, dtype=torch.long, device=self.device)
-        if attention_mask is not None:
-            mask[:, : attention_mask.shape[1]] = attention_mask
+        mask = fixed.capacity_mask(attention_mask, b, cache.capacity, self.device)
         width = bucket(t)
         if start + (width or t) > cache.capacity:
             raise RuntimeError(f"a {width or t}-token step at slot {start} does not fit a cache of {cache.capacity} slots")
@@ -398,11 +396,7 @@ class LoadedModel:
                                 logits_to_keep=t).logits
             cache.advanced(t)
             return logits
-        if width > t:
-            ids = torch.cat([ids, ids[:, -1:].expand(b, width - t)], dim=1)
-            # padding at the last position: it never reaches one the step's tokens do not (longrope picks its factors
-            # from the highest position in the forward), and with a cache passed no packed sequences are read into it
-            positions = torch.cat([positions, positions[:, -1:].expand(b, width - t)], 1)
+        ids, positions = fixed.padded(ids, b, width), fixed.padded(positions, b, width)
         logits = self.compiled(ids, positions, mask, cache)
         cache.advanced(width)
         if width > t:

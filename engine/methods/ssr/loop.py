@@ -14,7 +14,8 @@ as *holes* that the row's attention mask hides, and each row carries its own pos
 the main row is left its holes are compacted away. A finished row (end of sequence, ``max_draft``
 tokens) leaves the batch. Runs whose rows cannot hold holes (sliding windows, recurrent states:
 ``engine.runtime.cache``; exact mode's fixed route: ``engine.runtime.fixed``) feed one token per
-row per step while drafts ride, as the paper does; a lone main row still speculates. At ``max_think`` the end of thinking is forced (``ThinkBudget``).
+row per step while drafts ride, as the paper does; a lone main row still speculates. At
+``max_think`` the end of thinking is forced (``ThinkBudget``).
 
 Phase B, answer by verification (:func:`answer_by_verification`). Proposers are asked in order
 (draft prefix, suffix match in the drafts, suffix match in prompt/reasoning/answer); the first
