@@ -160,10 +160,16 @@ def _decoded(model, cache, ids: list[int]) -> tuple[torch.Tensor, Cache] | None:
     return torch.stack(logits).double(), cache
 
 
+def tolerance(dtype: torch.dtype) -> float:
+    """Relative logit difference still counted as rounding: ``sqrt(eps)`` of the dtype, and never
+    finer than float32's (models compute parts such as MoE routers in float32 whatever their dtype).
+    The capability probe's rule, and the own-cache decision's."""
+    return max(float(torch.finfo(dtype).eps), float(torch.finfo(torch.float32).eps)) ** 0.5
+
+
 def _close(a: torch.Tensor, b: torch.Tensor, model) -> bool:
-    """Equal within rounding (the capability probe's rule: ``sqrt(eps)`` of the logits' scale)."""
-    eps = max(float(torch.finfo(next(model.parameters()).dtype).eps), float(torch.finfo(torch.float32).eps))
-    return float((a - b).abs().max()) <= eps**0.5 * max(1.0, float(b.abs().max()))
+    """Equal within rounding (:func:`tolerance` of the logits' scale)."""
+    return float((a - b).abs().max()) <= tolerance(next(model.parameters()).dtype) * max(1.0, float(b.abs().max()))
 
 
 class OwnCache:

@@ -40,8 +40,8 @@ what they compute, never by model class:
   exact mode is refused.
 
 It is slow (one call per token row per linear layer and per query per attention layer): the
-reference that CPU tests run. A GPU would want fixed-tile Triton kernels with the same property;
-until then the same code runs there too, as the slow, exact path.
+reference, the per-row route ("rows"). Exact mode's other route, ``engine.runtime.fixed``, gets the
+same property on a GPU from one fixed step shape and the model's own kernels.
 
 >>> with exact_forwards(model):
 ...     logits = model(input_ids=ids).logits  # row 0's logits do not depend on the other rows

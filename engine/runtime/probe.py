@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.runtime.batch import RowBatch
-from engine.runtime.cache import checkpoint, threshold_length, unknown_layer_kinds
+from engine.runtime.cache import checkpoint, threshold_length, tolerance, unknown_layer_kinds
 from engine.runtime.model import LoadedModel, SSRUnsupportedError
 
 
@@ -122,12 +122,6 @@ def require(lm: LoadedModel, method: str, rollbacks: bool = True) -> Capabilitie
     if why:
         raise MethodRefused(why)
     return caps
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    """Relative logit difference still counted as rounding: ``sqrt(eps)`` of the dtype, and never
-    finer than float32's (models compute parts such as MoE routers in float32 whatever their dtype)."""
-    return max(float(torch.finfo(dtype).eps), float(torch.finfo(torch.float32).eps)) ** 0.5
 
 
 def probe_length(config, context: int | None) -> int:
