@@ -42,6 +42,20 @@ def launched(folder: Path, *args: str, db: Path | None = None):
         log.close()
 
 
+def query(db, sql: str, *params) -> list[tuple]:
+    """``sql``'s rows from the run log at ``db``, on a connection closed before returning. A dropped
+    ``sqlite3`` connection is only closed by the cyclic garbage collector (its statement cache refers
+    back to it), and while it stays open the log's WAL journal stays too: a test that waits for the
+    journal to close (or a writer that needs the file to itself) would wait on this process's garbage."""
+    import sqlite3
+
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
 def wait_for(check, what: str, timeout: float = 120.0, every: float = 0.05):
     """Poll ``check()`` until it returns something truthy, and return that; fail naming ``what``
     after ``timeout`` seconds (generous: a wait is for an event, never a bet on the machine's speed)."""

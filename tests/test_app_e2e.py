@@ -6,12 +6,11 @@ its screenshots land in ``test-artifacts/``.
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
 
-from tests.apps import ROOT, cancel_replies, launched, wait_for
+from tests.apps import ROOT, cancel_replies, launched, query, wait_for
 
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
@@ -36,7 +35,7 @@ def test_gradio_client_streams_a_run_into_the_log(app):
     _reasoning, _draft, answer, metrics = job.result()[:4]
     assert updates >= 5, "the run should stream in many updates"
     assert "done" in metrics and "st-" in answer
-    rows = sqlite3.connect(db).execute("select method, status, answer_tokens from runs").fetchall()
+    rows = query(db, "select method, status, answer_tokens from runs")
     assert ("ssr", "ok") in [(m, s) for m, s, _ in rows]
 
 
@@ -52,8 +51,7 @@ def test_the_sweep_runs_with_the_ssr_settings_it_is_given(app):
                     max_answer=60, max_draft=60)
     Client(url, verbose=False).predict(prompt="Start with 12, then add 30. What is the result?", start=10, stop=20,
                                        step=10, api_name="/sweep", **settings)
-    rows = sqlite3.connect(db).execute("select method, config from runs where prompt like 'Start with 12, then add 30%'"
-                                       " and method = 'ssr'").fetchall()
+    rows = query(db, "select method, config from runs where prompt like 'Start with 12, then add 30%' and method = 'ssr'")
     configs = [json.loads(c) for _m, c in rows]
     assert sorted(c["draft_start"] for c in configs)[-2:] == [10, 20]
     for c in configs[-2:]:
@@ -74,8 +72,8 @@ def test_two_clients_queue_and_see_only_their_own_run(app):
     prompts = ["Start with 12, then add 30. What is the result?", "Start with 5, then multiply by 9. What is the result?"]
     jobs = [Client(url, verbose=False).submit(prompt=p, method="Baseline", api_name="/run") for p in prompts]
     panes = [job.result() for job in jobs]
-    logged = {p: (r, a) for p, r, a in sqlite3.connect(db).execute(
-        "select prompt, reasoning_text, answer_text from runs where method = 'baseline'")}
+    logged = {p: (r, a) for p, r, a in query(db, "select prompt, reasoning_text, answer_text from runs "
+                                                 "where method = 'baseline'")}
     assert logged[prompts[0]] != logged[prompts[1]]
     for p, (reasoning, _draft, answer, *_rest) in zip(prompts, panes, strict=True):
         # the pane shows the end-of-thinking marker as a badge, not as raw "</think>"
@@ -97,7 +95,7 @@ def test_cancel_stops_the_run_and_logs_it(app, monkeypatch):
     assert replies[0]["status"] == "cancelled", replies  # a 1,900-token run is still going after two updates
 
     def cancelled_rows():
-        return sqlite3.connect(db).execute("select status from runs where status = 'cancelled'").fetchall()
+        return query(db, "select status from runs where status = 'cancelled'")
 
     wait_for(cancelled_rows, "the cancelled run's row")
     # the model is free again: the next run completes

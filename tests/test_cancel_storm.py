@@ -19,7 +19,7 @@ from collections import Counter
 
 import pytest
 
-from tests.apps import cancel_replies, launched, wait_for
+from tests.apps import cancel_replies, launched, query, wait_for
 
 JOBS = 20
 SHORT = dict(method="Baseline", max_think=60, max_answer=20)
@@ -116,6 +116,5 @@ def test_kill_9_mid_burst_leaves_a_sound_log(tmp_path):
     assert finished >= 1
     assert finished <= len(rows) <= len(jobs), "rows must be the finished jobs (one may finish while being killed)"
     assert {s for _, s in rows} == {"ok"}
-    conn = sqlite3.connect(db)
-    assert all(n > 0 for (n,) in conn.execute("select count(e.seq) from runs r left join events e on e.run_id = r.id "
-                                             "group by r.id")), "a run row without its events"
+    assert all(n > 0 for (n,) in query(db, "select count(e.seq) from runs r left join events e on e.run_id = r.id "
+                                          "group by r.id")), "a run row without its events"

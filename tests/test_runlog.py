@@ -11,6 +11,7 @@ from engine.config import RunConfig
 from engine.events import RunStats
 from engine.methods.ssr.loop import decode_ssr
 from engine.runlog import SCHEMA_VERSION, RunLog, RunLogError, RunMeta, store
+from tests.apps import query
 from tests.tiny import make_model
 
 CFG = RunConfig(max_think=10, draft_start=2, max_draft=6, max_answer=8)
@@ -73,7 +74,7 @@ def test_writes_from_many_threads(tmp_path, lm):
     for t in threads:
         t.join()
     assert not errors and len(log.runs()) == 16
-    assert sqlite3.connect(tmp_path / "runs.db").execute("pragma journal_mode").fetchone()[0] == "wal"
+    assert query(tmp_path / "runs.db", "pragma journal_mode") == [("wal",)]
 
 
 def test_old_schema_is_migrated(tmp_path):
@@ -95,7 +96,7 @@ def test_old_schema_is_migrated(tmp_path):
     old = log.runs()[0]
     assert old["model"] == "old-model" and "tokens_per_s" in old and old["tokens_per_s"] is None
     assert set(RunStats.field_names()) - {"method"} <= set(log.columns())
-    assert sqlite3.connect(path).execute("select value from meta").fetchone()[0] == str(SCHEMA_VERSION)
+    assert query(path, "select value from meta where key = 'schema_version'") == [(str(SCHEMA_VERSION),)]
 
 
 def test_bad_inputs_have_clear_errors(tmp_path):

@@ -8,7 +8,6 @@ Screenshots land in ``test-artifacts/``.
 from __future__ import annotations
 
 import shutil
-import sqlite3
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from engine.tools.synthetic import EVAL_SEED_BASE, make_example
-from tests.apps import ROOT, launched
+from tests.apps import ROOT, launched, query
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"
@@ -100,7 +99,7 @@ def _no_error_pill(page) -> None:
 
 
 def _rows(db, where: str = "1") -> list[tuple]:
-    return sqlite3.connect(db).execute(f"select prompt, method, status from runs where {where}").fetchall()
+    return query(db, f"select prompt, method, status from runs where {where}")
 
 
 # ----------------------------------------------------------------------------- 7. charts, on a fresh app
@@ -131,7 +130,7 @@ def test_1_stop_says_stopped_keeps_the_panes_and_logs_cancelled(page, app):
 
 @needs_browser
 def test_1_stopping_a_sweep_keeps_the_finished_points(page, app):
-    [(start_id,)] = sqlite3.connect(app[1]).execute("select coalesce(max(id), 0) from runs").fetchall()
+    [(start_id,)] = query(app[1], "select coalesce(max(id), 0) from runs")
     page.get_by_label("Prompt").fill(CLASS)
     page.get_by_text("Draft-start sweep").click()
     page.get_by_role("spinbutton", name="From", exact=True).fill("0")
@@ -273,7 +272,7 @@ def test_6_history_refreshes_itself_and_replays_a_run_in_full(page, app):
     assert run_id.input_value() == ""
     header = table.locator("th").filter(has_text="first answer s").first
     assert header.bounding_box()["height"] < 40, "a column header breaks over several lines"
-    [(newest,)] = sqlite3.connect(app[1]).execute("select max(id) from runs").fetchall()
+    [(newest,)] = query(app[1], "select max(id) from runs")
     run_id.fill(str(newest))
     page.get_by_role("button", name="Show this run").click()
     page.locator(".prompt-box").wait_for(timeout=20_000)
@@ -321,7 +320,7 @@ def test_9_the_rsd_export_lists_each_rejected_step_once(app, tmp_path):
 
     client = Client(app[0], verbose=False)
     client.predict(prompt=CLASS, method="RSD", api_name="/run")
-    [(run_id,)] = sqlite3.connect(app[1]).execute("select max(id) from runs where method = 'rsd'").fetchall()
+    [(run_id,)] = query(app[1], "select max(id) from runs where method = 'rsd'")
     from engine.runlog import RunLog
     from ssr_ui.export import run_to_html
     from ssr_ui.render import CSS
@@ -362,8 +361,7 @@ def test_benchmark_tab_uploads_runs_shows_progress_tables_and_charts_and_stops(p
     page.get_by_text("stopped after").wait_for(timeout=60_000)
     _no_error_pill(page)
     page.wait_for_function("document.querySelector('#bench-stop').disabled", timeout=10_000)
-    logged = sqlite3.connect(app[1]).execute(
-        "select status, count(*) from runs where dataset = 'mini-arith.jsonl' group by status").fetchall()
+    logged = query(app[1], "select status, count(*) from runs where dataset = 'mini-arith.jsonl' group by status")
     counts = dict(logged)
     assert 3 <= counts.get("ok", 0) < 16 and counts.get("cancelled", 0) <= 1 and set(counts) <= {"ok", "cancelled"}
     page.locator("#bench-upload").get_by_label("Clear").click()
