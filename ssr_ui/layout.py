@@ -22,6 +22,7 @@ from engine.config import MAX_SEED, MAX_TEMPERATURE
 from engine.methods.rsd.acceptance import WEIGHTINGS
 from engine.presets import BUNDLED, PRESETS
 from engine.registry import METHODS
+from engine.runlog import RunLogError
 from engine.runtime.compiled import COMPILE_MODES
 from engine.runtime.fixed import ROUTES as EXACT_ROUTES
 from engine.runtime.fixed import SHAPE as FIXED_SHAPE
@@ -397,9 +398,13 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         # ------------------------------------------------------------------ wiring: history
         def load_history(method_name, dataset_name="all"):
-            rows = studio.history(method_name, dataset=dataset_name)
+            try:
+                rows = studio.history(method_name, dataset=dataset_name)
+                names = studio.log.datasets()
+            except RunLogError as err:  # the log cannot be read now: keep what History shows, and say why
+                gr.Warning(f"History not refreshed: {err}")
+                return tuple(gr.update() for _ in history_outputs)
             table_rows = [[_cell(c, r.get(c)) for c in HISTORY_COLUMNS] for r in rows]
-            names = studio.log.datasets()
             picked = dataset_name if dataset_name in names else "all"
             return (table_rows, charts.latency_by_method(rows), charts.token_composition(rows),
                     charts.speedup_vs_draft_start(rows), charts.rsd_by_threshold(rows), charts.accuracy_by_method(rows),
