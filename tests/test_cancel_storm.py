@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import time
 from collections import Counter
 
@@ -36,12 +35,8 @@ def _class_prompt(tag: str, i: int) -> str:
 
 
 def _rows(db) -> list[tuple[str, str]]:
-    conn = sqlite3.connect(db)
-    try:
-        assert conn.execute("pragma integrity_check").fetchone()[0] == "ok"
-        return conn.execute("select prompt, status from runs").fetchall()
-    finally:
-        conn.close()
+    assert query(db, "pragma integrity_check") == [("ok",)]
+    return query(db, "select prompt, status from runs")
 
 
 def _settle(url: str) -> None:

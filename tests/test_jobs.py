@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import threading
 
 import pytest
@@ -16,6 +15,7 @@ from engine.events import DoneEvent
 from ssr_ui import handlers
 from ssr_ui.handlers import Studio
 from ssr_ui.jobs import ALREADY_FINISHED, CANCELLED, NOT_FOUND, CancelRoute, Jobs
+from tests.apps import query
 from tests.tiny import make_model
 
 
@@ -144,8 +144,7 @@ def studio(tmp_path):
 
 
 def _statuses(studio) -> list[str]:
-    with sqlite3.connect(studio.log.path) as conn:
-        return [status for (status,) in conn.execute("select status from runs order by id")]
+    return [status for (status,) in query(studio.log.path, "select status from runs order by id")]
 
 
 class Hold:

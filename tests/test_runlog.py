@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 
@@ -113,14 +114,14 @@ def test_bad_inputs_have_clear_errors(tmp_path):
 # ----------------------------------------------------------------------------- faults (issue 16)
 
 def _schema_ok(path) -> None:
-    conn = sqlite3.connect(path)
-    assert conn.execute("pragma integrity_check").fetchone()[0] == "ok"
-    assert conn.execute("pragma journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("select value from meta where key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
-    runs = {r[1]: r for r in conn.execute("pragma table_info(runs)")}
-    assert runs["id"][5] == 1 and runs["wall_s"][2].upper() in ("FLOAT", "REAL"), "runs is not this version's table"
-    indexes = {r[1] for r in conn.execute("pragma index_list(runs)")}
-    assert len(indexes) >= 2
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("pragma integrity_check").fetchone()[0] == "ok"
+        assert conn.execute("pragma journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("select value from meta where key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+        runs = {r[1]: r for r in conn.execute("pragma table_info(runs)")}
+        assert runs["id"][5] == 1 and runs["wall_s"][2].upper() in ("FLOAT", "REAL"), "runs is not this version's table"
+        indexes = {r[1] for r in conn.execute("pragma index_list(runs)")}
+        assert len(indexes) >= 2
 
 
 def test_a_save_is_one_transaction(tmp_path, lm, monkeypatch):
@@ -137,9 +138,8 @@ def test_a_save_is_one_transaction(tmp_path, lm, monkeypatch):
     monkeypatch.setattr(store, "event_values", failing)
     with pytest.raises(RunLogError, match="run not saved.*disk full"):
         log.save(RunMeta("ssr", "m", "hello world"), events, "ok")
-    conn = sqlite3.connect(tmp_path / "runs.db")
-    assert conn.execute("select count(*) from runs").fetchone()[0] == 0
-    assert conn.execute("select count(*) from events").fetchone()[0] == 0
+    assert query(tmp_path / "runs.db", "select count(*) from runs") == [(0,)]
+    assert query(tmp_path / "runs.db", "select count(*) from events") == [(0,)]
 
 
 def test_a_deleted_file_is_recreated_with_the_full_schema(tmp_path, lm):
@@ -172,9 +172,8 @@ def test_tables_this_app_did_not_create_are_moved_aside_never_stamped(tmp_path, 
     assert log.notice and "did not create" in log.notice
     _schema_ok(path)
     [aside] = tmp_path.glob("runs.db.broken-*")
-    old = sqlite3.connect(aside)
-    assert "meta" not in {r[0] for r in old.execute("select name from sqlite_master")}, "a version was stamped"
-    assert old.execute("select count(*) from runs").fetchone()[0] == 1, "the old rows are kept"
+    assert "meta" not in {r[0] for r in query(aside, "select name from sqlite_master")}, "a version was stamped"
+    assert query(aside, "select count(*) from runs") == [(1,)], "the old rows are kept"
     _run(log, lm)
     assert len(log.runs()) == 1
 
