@@ -320,4 +320,4 @@ def _dtypes(lm: LoadedModel, rsd: dict) -> str:
 
 
 def _think_end(lm: LoadedModel) -> str | None:
-    return lm.tokenizer.decode([lm.markers.close_id]) if lm.markers else None
+    return lm.markers.close_text if lm.markers else None

@@ -61,7 +61,7 @@ def test_remote_ssr_equals_plain_decoding(lm, prompt, settings):
     forks = [e for e in events if getattr(e, "phase", None) == "drafting"]
     assert len(forks) == there.stats.drafts
     if len(here.reasoning_ids) > cfg.draft_start + 1:  # the reasoning reached the fork point
-        assert forks and there.drafts[0][: len(lm.markers.close_ids) - 1] == list(lm.markers.close_ids[1:])
+        assert forks and there.drafts[0][: len(lm.markers.tail_ids)] == list(lm.markers.tail_ids)
     verifies = [r for r in server.requests if r.get("prompt_logprobs") is not None]
     if there.stats.accepted + there.stats.recovered:
         assert verifies  # something was proposed and verified in one request

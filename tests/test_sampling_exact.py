@@ -64,8 +64,8 @@ def exact_law(lm, cfg: RunConfig) -> tuple[dict, float]:
 
     def reason(ids, reasoning, p):
         if len(reasoning) == cfg.max_think - 1:  # budget forcing: the marker is the budget's last token
-            tail = markers.close_ids[1:]
-            return answer([*ids, *markers.close_ids], (*reasoning, markers.close_id), tuple(tail), p)
+            tail = markers.tail_ids
+            return answer([*ids, *markers.close_ids], (*reasoning, *markers.marker_ids), tuple(tail), p)
         for tok, q in enumerate(dist(ids)):
             if q == 0:
                 continue
@@ -73,8 +73,8 @@ def exact_law(lm, cfg: RunConfig) -> tuple[dict, float]:
                 pruned[0] += p * q
             elif tok in stop:  # ended inside the reasoning: no answer
                 law[(reasoning, ())] += p * q
-            elif tok == markers.close_id:
-                answer([*ids, *markers.close_ids], (*reasoning, tok), tuple(markers.close_ids[1:]), p * q)
+            elif tok == markers.marker_ids[0]:
+                answer([*ids, *markers.close_ids], (*reasoning, tok), tuple(markers.tail_ids), p * q)
             else:
                 reason([*ids, tok], (*reasoning, tok), p * q)
 

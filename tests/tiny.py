@@ -111,7 +111,7 @@ def with_tokens(lm: LoadedModel, eos: int | None = None, close: int | None = Non
     if eos is not None:
         out.eos_ids = frozenset({eos})
     if close is not None:
-        out.markers = replace(lm.markers, close_id=close, close_ids=(close, *lm.markers.close_ids[1:]))
+        out.markers = replace(lm.markers, marker_ids=(close,))
     return out
 
 

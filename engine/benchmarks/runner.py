@@ -85,7 +85,7 @@ class Bench:
                        draft_model=models["draft"].model_id if rsd and method != "target" else None,
                        prm=models.get("prm_name") if method == "rsd" else None, reference=problem.reference,
                        origin=self.origin, device=getattr(lm, "backend", str(lm.device)), dtype=lm.dtype,
-                       think_end=lm.tokenizer.decode([lm.markers.close_id]) if lm.markers else None,
+                       think_end=lm.markers.close_text if lm.markers else None,
                        dataset=self.dataset)
         stream = self._decode(method)(problem.prompt, self.cfg)
         if wrap is not None:

@@ -45,17 +45,19 @@ def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Even
     ended = False  # the model ended the sequence inside its reasoning: no answer
     if markers is not None:
         yield rec.phase("reasoning")
-        n = 0
+        reasoning: list[int] = []
         while True:
-            tok = budget.force() if budget.spent(n) else chooser.pick(logits)  # nothing is drawn at the budget
-            n += 1
-            if tok in lm.eos_ids:
+            forced = budget.spent(len(reasoning))
+            toks = budget.force() if forced else [chooser.pick(logits)]  # nothing is drawn at the budget
+            if toks[0] in lm.eos_ids:
                 ended = True
                 break
-            yield rec.token("reasoning", tok)
-            logits = seq.feed([tok, *budget.forced])  # the forced tail rides with the marker
+            for tok in toks:
+                yield rec.token("reasoning", tok)
+            reasoning += toks
+            logits = seq.feed([*toks, *budget.forced])  # the forced tail rides with the marker
             rec.forward()
-            if tok == markers.close_id:
+            if forced or markers.closes_at(reasoning, len(reasoning) - 1):
                 break
 
     # 3. answer, opened by the tail budget forcing put after the marker (if it did)

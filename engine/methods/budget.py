@@ -1,17 +1,18 @@
 """Budget forcing, written once for every loop that reasons (in process and over a server).
 
 The reasoning gets ``max_think`` tokens, the end-of-thinking marker included (the studio's and
-the run log's reasoning count): the model picks at most ``max_think - 1`` (:attr:`ThinkBudget.picks`),
-and the token after them is not the model's: it is the marker, and the template's tail after the
-marker (``ThinkMarkers.close_ids[1:]``, e.g. the blank line before the answer) is forced in with it
-and opens the answer. A model that closes its thoughts by itself within the budget forces nothing.
+the run log's reasoning count): the model picks at most ``max_think - k`` (:attr:`ThinkBudget.picks`,
+``k`` the marker's tokens: 1 for a marker token, 3 for ``</think>`` as text on SmolLM2), and the
+tokens after them are not the model's: they are the marker, and the template's tail after it
+(``ThinkMarkers.tail_ids``, e.g. the blank line before the answer) is forced in with it and opens
+the answer. A model that closes its thoughts by itself within the budget forces nothing.
 
-Example (``max_think`` 3; the model would think on)::
+Example (``max_think`` 3, a one-token marker; the model would think on)::
 
     budget = ThinkBudget(markers, 3)
     budget.spent(1)   # False: the model picks reasoning token 2
     budget.spent(2)   # True: reasoning token 3, the last of the budget, is the forced marker
-    budget.force()    # markers.close_id; budget.forced == list(markers.close_ids[1:])
+    budget.force()    # list(markers.marker_ids); budget.forced == list(markers.tail_ids)
     yield from budget.open_answer(rec)  # the "answer" phase, then the forced tail as answer tokens
 """
 
@@ -33,22 +34,27 @@ class ThinkBudget:
     max_think: int
     forced: list[int] = field(default_factory=list)  # the tail forced after the marker, once force() ran
 
+    def __post_init__(self) -> None:
+        if self.markers is not None and self.max_think < len(self.markers.marker_ids):
+            raise ValueError(f"max_think={self.max_think} must be at least {len(self.markers.marker_ids)} on this model: "
+                             f"its end-of-thinking marker is {len(self.markers.marker_ids)} tokens")
+
     @property
     def picks(self) -> int:
-        """Reasoning tokens the model may pick itself: the budget's last token is the marker."""
-        return max(self.max_think - 1, 0)
+        """Reasoning tokens the model may pick itself: the budget's last tokens are the marker."""
+        return max(self.max_think - (len(self.markers.marker_ids) if self.markers else 1), 0)
 
     def spent(self, thought: int) -> bool:
         """Whether ``thought`` reasoning tokens use the model's share up, so that the next one (the
         ``max_think``-th at most) is the forced marker."""
         return thought >= self.picks
 
-    def force(self) -> int:
-        """The end-of-thinking marker, in place of the model's own token; the template tail after
+    def force(self) -> list[int]:
+        """The end-of-thinking marker's tokens, in place of the model's own; the template tail after
         it is kept in :attr:`forced`, to be fed with the marker and to open the answer."""
         assert self.markers is not None, "budget forcing needs think markers"
-        self.forced = list(self.markers.close_ids[1:])
-        return self.markers.close_id
+        self.forced = list(self.markers.tail_ids)
+        return list(self.markers.marker_ids)
 
     def open_answer(self, rec: Recorder) -> Iterator[Event]:
         """The answer phase, opened with the forced tail (no tokens when nothing was forced)."""

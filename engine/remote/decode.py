@@ -51,18 +51,22 @@ def decode_remote_baseline(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iter
     ended = False
     if markers is not None:
         yield rec.phase("reasoning")
-        closed = False
-        for tok in _stream(rm, rec, seq, budget.picks, eos | {markers.close_id}, cfg):
+        closed, reasoning = False, []
+        for tok in _stream(rm, rec, seq, budget.picks, eos | markers.stop_ids, cfg):
             if tok in eos:
                 ended = True
                 break
             yield rec.token("reasoning", tok)
-            closed = tok == markers.close_id
-        seq += rec.streams.get(("reasoning", None), [])
+            reasoning.append(tok)
+            if markers.closes_at(reasoning, len(reasoning) - 1):  # (a prompted close: leaving the stream ends it)
+                closed = True
+                break
+        seq += reasoning
         if not (ended or closed):  # the server stopped at the budget: the end of thinking is forced
-            tok = budget.force()
-            yield rec.token("reasoning", tok)
-            seq += [tok, *budget.forced]
+            for tok in budget.force():
+                yield rec.token("reasoning", tok)
+                seq.append(tok)
+            seq += budget.forced
     yield from budget.open_answer(rec)
     if not ended and cfg.max_answer > len(budget.forced):
         if rm.speculation:  # a speculating server: its figures and colours, as SSR's answer gets them
@@ -133,7 +137,8 @@ class RemoteState:
 
 def _reason_and_fork(s: RemoteState, budget: ThinkBudget, drafts_stop: threading.Event | None = None) -> Iterator[Event]:
     """Phase A: the main reasoning and the drafts, each a streamed request, as their tokens arrive.
-    Ends with ``s.ended``, or with ``s.seq`` holding the reasoning but its closing marker. The drafts'
+    Ends with ``s.ended``, or with ``s.seq`` holding the reasoning but the token(s) that closed it,
+    left in ``s.unfed`` with the tail forced after them (phase B feeds them first). The drafts'
     requests are aborted when it ends, unless the caller owns ``drafts_stop`` (and sets it later: a
     speculating server reads the drafts while it writes the answer); the main request always ends here."""
     cfg, rec, rm, markers = s.cfg, s.rec, s.lm, budget.markers
@@ -142,14 +147,14 @@ def _reason_and_fork(s: RemoteState, budget: ThinkBudget, drafts_stop: threading
     arrivals: queue.Queue = queue.Queue()  # (source, token | None at the end | BackendError)
     stop = threading.Event()  # the main request's
     drafts = drafts_stop or stop
-    pumps = [_pump(rm, s.seq, budget.picks, eos | {markers.close_id}, "main", arrivals, stop)]
+    pumps = [_pump(rm, s.seq, budget.picks, eos | markers.stop_ids, "main", arrivals, stop)]
     rec.forward()
     live: dict[int, Draft] = {}
     n = 0
     try:
         while True:
             while len(s.drafts) < cfg.num_drafts and n == fork_point(cfg, len(s.drafts)):
-                yield from open_draft(s, n, list(markers.close_ids[1:]))
+                yield from open_draft(s, n, list(markers.tail_ids))
                 d = s.drafts[-1]
                 if len(d.tokens) < cfg.max_draft:
                     live[d.index] = d
@@ -168,14 +173,19 @@ def _reason_and_fork(s: RemoteState, budget: ThinkBudget, drafts_stop: threading
                 yield from _draft_takes(s, live, source, item)
                 continue
             if item is None:  # the server stopped at the budget: the end of thinking is forced
-                yield rec.token("reasoning", budget.force())
+                s.unfed = budget.force()
+                for tok in s.unfed:
+                    yield rec.token("reasoning", tok)
+                s.unfed += budget.forced
                 break
             if item in eos:  # the model ended without closing its thoughts: no answer
                 s.ended = True
                 return
             yield rec.token("reasoning", item)
             s.index.extend("reasoning", [item])
-            if item == markers.close_id:
+            reasoning = s.index.sources["reasoning"]
+            if markers.closes_at(reasoning, len(reasoning) - 1):
+                s.unfed = [item]
                 break
             s.seq.append(item)
             n += 1

@@ -58,7 +58,7 @@ def decode_served_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[
             yield from budget.open_answer(rec)
             offset = len(budget.forced)
             if cfg.max_answer > offset:
-                yield from speculated_answer(rm, rec, state.seq + [markers.close_id, *budget.forced],
+                yield from speculated_answer(rm, rec, state.seq + state.unfed,
                                              cfg.max_answer - offset, cfg, state.drafts, offset)
     finally:
         drafts_stop.set()

@@ -34,6 +34,8 @@ from engine.runtime.cache import (
 )
 from engine.runtime.compiled import BUCKETS, CompiledSteps, bucket, compile_reason
 from engine.runtime.exact import ExactRefused, Invariance, exact_forwards, invariance
+from engine.runtime.gguf import GGUFError, Progress, is_gguf, local_folder
+from engine.runtime.markers import ThinkMarkers, chat_prompt_ids, find_markers
 from engine.runtime.rope import rope_of
 
 
@@ -56,13 +58,6 @@ class Compiling:
     done: int
     total: int
     seconds: float
-
-
-@dataclass(frozen=True)
-class ThinkMarkers:
-    open_ids: tuple[int, ...]  # what opens the think block, e.g. "<think>\n"
-    close_id: int  # the single end-of-thinking token, e.g. "</think>"
-    close_ids: tuple[int, ...]  # what the template puts between reasoning and answer, close_id first
 
 
 def pick_device(device: str | None = None) -> torch.device:
@@ -95,30 +90,6 @@ def resolve_model_path(name: str | None) -> tuple[str, Preset | None]:
         return PRESETS[name].hub_id, PRESETS[name]
     by_id = {p.hub_id: p for p in PRESETS.values()}
     return name, by_id.get(name)
-
-
-def find_markers(tokenizer, preset: Preset | None = None) -> ThinkMarkers | None:
-    """The think markers, if the tokenizer has the end marker as a single token; else None."""
-    open_text = preset.think_open if preset else "<think>\n"
-    close_text = preset.think_close if preset else "</think>"
-    tail = preset.close_tail if preset else "\n\n"
-    close = tokenizer.encode(close_text, add_special_tokens=False)
-    if len(close) != 1 or tokenizer.convert_ids_to_tokens(close[0]) in (None, tokenizer.unk_token):
-        return None
-    open_ids = tokenizer.encode(open_text, add_special_tokens=False)
-    return ThinkMarkers(tuple(open_ids), close[0], (close[0], *_tail_ids(tokenizer, tail)))
-
-
-def _tail_ids(tokenizer, tail: str) -> list[int]:
-    """The tail's tokens as they come out when an answer follows it: byte-level tokenizers split
-    whitespace differently before text ("\n" "\n" "Answer") than at the end of a string ("\n\n")."""
-    if not tail:
-        return []
-    follower = tokenizer.encode("Answer", add_special_tokens=False)
-    in_context = tokenizer.encode(tail + "Answer", add_special_tokens=False)
-    if in_context[len(in_context) - len(follower):] == follower:
-        return in_context[: len(in_context) - len(follower)]
-    return tokenizer.encode(tail, add_special_tokens=False)
 
 
 class LoadedModel:
@@ -208,9 +179,8 @@ class LoadedModel:
     def require_markers(self) -> ThinkMarkers:
         if self.markers is None:
             raise SSRUnsupportedError(
-                f"{self.model_id} has no end-of-thinking marker token: SSR needs a reasoning model "
-                "with an end-of-thinking marker (plain decoding still works)"
-            )
+                f"{self.model_id} does not reason: it has no end-of-thinking marker token and no chat template to "
+                "prompt it with (a base model); SSR needs a reasoning or chat model (plain decoding still works)")
         return self.markers
 
     # ------------------------------------------------------------------ forwards
@@ -414,29 +384,11 @@ def _fixed_capacity(capacity: int) -> int:
     return 1 << (capacity + BUCKETS[-1] - 1).bit_length()
 
 
-def chat_prompt_ids(tok, markers: ThinkMarkers | None, user_text: str) -> list[int]:
-    """The user message through the chat template with thinking on; the think block is opened
-    here when the template leaves it to the model (as Qwen3's does)."""
-    if getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template([{"role": "user", "content": user_text}], add_generation_prompt=True,
-                                       tokenize=False, enable_thinking=True)
-    else:
-        text = user_text + "\n"
-    ids = tok.encode(text, add_special_tokens=False)
-    if markers is not None and markers.open_ids and not _ends_with_open(ids, markers.open_ids):
-        ids = ids + list(markers.open_ids)
-    return ids
-
-
-def _ends_with_open(ids: list[int], open_ids: tuple[int, ...]) -> bool:
-    """Whether the prompt already opened the think block (possibly followed by a newline)."""
-    k = len(open_ids)
-    return tuple(ids[-k:]) == open_ids or (k > 1 and tuple(ids[-k + 1 :]) == open_ids[:-1])
-
-
 def load_model(name: str | None = None, device: str | None = None, dtype: str | None = None,
-               trust_remote_code: bool = False) -> LoadedModel:
-    """Load a causal LM and its tokenizer from a bundled name, a preset, a local folder or a Hub id.
+               trust_remote_code: bool = False, progress: Progress | None = None) -> LoadedModel:
+    """Load a causal LM and its tokenizer from a bundled name, a preset, a local folder, a Hub id,
+    or a GGUF source (a registry model's name, a ``.gguf`` file, a folder holding one,
+    ``HUB_ID:FILE.gguf``: converted once, ``engine.runtime.gguf``; ``progress`` hears how far).
 
     bf16 on GPUs, fp32 on the CPU unless ``dtype`` says otherwise; the bundled models stay fp32.
     Errors name the id and the reason (missing folder, offline Hub, unknown id) as a
@@ -445,6 +397,11 @@ def load_model(name: str | None = None, device: str | None = None, dtype: str | 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path, preset = resolve_model_path(name)
+    if is_gguf(path):
+        try:
+            path = str(local_folder(path, progress))
+        except GGUFError as err:
+            raise ModelLoadError(str(err)) from None
     dev = pick_device(device)
     bundled = Path(path).expanduser().resolve().parent == BUNDLED_DIR.resolve()
     # bf16 for Hub models on a GPU; the bundled tiny models keep the fp32 they were trained in (bf16 costs them accuracy)

@@ -27,7 +27,7 @@ from engine.events import Event, StepEvent
 from engine.methods.recorder import Recorder
 from engine.methods.rsd.roles import PLANS, RSD_METHODS, UNJUDGED, Judge, Verdict, cast
 from engine.methods.rsd.writer import LocalWriter, Step, StepWriter, WriterFactory
-from engine.methods.seams import ModelBackend
+from engine.methods.seams import ModelBackend, ThinkMarkers
 from engine.runtime.cache import cache_mb
 from engine.runtime.cached import CachedModel
 
@@ -63,8 +63,9 @@ def decode_rsd(target, draft, scorer, prompt: str, cfg: RunConfig, mode: str = "
     rec.start_clock(target.step_mode)
     writers = {name: writer(models[name], cfg, capacity, name) for name in ("target", "draft") if name in plan.models}
     roles = cast(plan, writers, scorer, cfg, prompt)
-    close_id = target.markers.close_id if target.markers else None
-    stream = "reasoning" if close_id is not None else "answer"
+    markers = target.markers
+    stream = "reasoning" if markers is not None else "answer"
+    reasoning: list[int] = []  # the kept steps' reasoning tokens, where its end is looked for
     seq = list(prompt_ids)
     yield rec.phase("prefill")
     yield rec.phase(stream)
@@ -86,7 +87,7 @@ def decode_rsd(target, draft, scorer, prompt: str, cfg: RunConfig, mode: str = "
             step = author.writer.write_step(seq, cfg.max_step_tokens, budget)
             text = target.tokenizer.decode(step.tokens)
         # 4. accept: the step joins the shared text; each model catches up when it next writes
-        stream = yield from _tokens(rec, stream, step.tokens, author.status, close_id)
+        stream = yield from _tokens(rec, stream, step.tokens, author.status, markers, reasoning)
         shown = verdict if verdict.kept else UNJUDGED  # a rewritten step is not scored again
         yield StepEvent(index, text, author.source, shown.reward, shown.kept, rec.now(),
                         step.confidence if author.shows_confidence else None)
@@ -111,15 +112,17 @@ def _rejected(rec: Recorder, index: int, step: Step, text: str, verdict: Verdict
     yield StepEvent(index, text, "draft", verdict.reward, False, rec.now(), step.confidence)
 
 
-def _tokens(rec: Recorder, stream: str, tokens: list[int], status: str,
-            close_id: int | None) -> Generator[Event, None, str]:
-    """A kept step's tokens on ``stream``, switching to the answer at the end-of-thinking marker;
-    returns the stream the next step continues."""
+def _tokens(rec: Recorder, stream: str, tokens: list[int], status: str, markers: ThinkMarkers | None,
+            reasoning: list[int]) -> Generator[Event, None, str]:
+    """A kept step's tokens on ``stream``, switching to the answer where the reasoning closes
+    (``reasoning``: its tokens so far, extended here); returns the stream the next step continues."""
     for tok in tokens:
         yield rec.token(stream, tok, status, source="draft" if status == "accepted" else None)
-        if tok == close_id and stream == "reasoning":
-            stream = "answer"
-            yield rec.phase("answer")
+        if stream == "reasoning":
+            reasoning.append(tok)
+            if markers.closes_at(reasoning, len(reasoning) - 1):
+                stream = "answer"
+                yield rec.phase("answer")
     return stream
 
 

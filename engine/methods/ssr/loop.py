@@ -152,13 +152,13 @@ class _State:
 def _reason_and_draft(s: _State, budget: ThinkBudget, first_input: int) -> Iterator[Event]:
     """Phase A: the main row reasons, drafts fork from it and ride in its batch. Ends with
     ``s.ended`` (the model ended the sequence), or with the main row alone in ``s.batch``,
-    holding everything but its closing end-of-thinking marker (and the tail ``budget`` forced
-    after it), which phase B feeds first."""
+    holding everything but the token(s) that closed the reasoning (and the tail ``budget`` forced
+    after them): they are left in ``s.unfed``, which phase B feeds first."""
     cfg, rec, lm, markers = s.cfg, s.rec, s.lm, budget.markers
     yield rec.phase("reasoning")
     s.index.extend("reasoning", [])  # the main row's context: a live view of its reasoning
     main = Row([first_input], s.index.sources["reasoning"],
-               SuffixProposer(s.index, ["prompt", "reasoning"], lm.eos_ids | {markers.close_id}, cfg.spec_factor), s.main)
+               SuffixProposer(s.index, ["prompt", "reasoning"], lm.eos_ids, cfg.spec_factor, markers.before_close), s.main)
     rows = [main]  # the batch's rows in order: the main row, then the live drafts
     batch = s.batch
     n = 0  # reasoning tokens so far
@@ -168,7 +168,7 @@ def _reason_and_draft(s: _State, budget: ThinkBudget, first_input: int) -> Itera
         # 1. fork: a new row copies the main row; it is fed what the main row has not fed yet,
         #    then the end-of-thinking marker and the template tail (the tail opens the draft)
         if len(s.drafts) < cfg.num_drafts and n == fork_point(cfg, len(s.drafts)):
-            yield from open_draft(s, n, list(markers.close_ids[1:]))
+            yield from open_draft(s, n, list(markers.tail_ids))
             d = s.drafts[-1]
             lookup = SuffixProposer(s.index, [d.name, "reasoning", "prompt"], lm.eos_ids, cfg.spec_factor)
             rows.append(Row([*main.unfed, *markers.close_ids], d.tokens, lookup, s.drafter, d))
@@ -200,13 +200,15 @@ def _reason_and_draft(s: _State, budget: ThinkBudget, first_input: int) -> Itera
         for t in step.tokens[:-1]:
             yield rec.token("reasoning", t, "recovered", source=step.proposal.source, match_len=step.proposal.match_len)
         s.index.extend("reasoning", step.tokens[:-1])
-        nxt = budget.force() if budget.spent(n + step.accepted) else step.tokens[-1]
+        forced = budget.spent(n + step.accepted)
+        closing = budget.force() if forced else step.tokens[-1:]  # the main row's next token(s), not fed yet
         n += len(step.tokens)
-        s.ended = nxt in lm.eos_ids  # the model ended without closing its thoughts: no answer
+        s.ended = closing[0] in lm.eos_ids  # the model ended without closing its thoughts: no answer
         if not s.ended:
-            yield rec.token("reasoning", nxt)
-            s.index.extend("reasoning", [nxt])
-            main.unfed = [nxt, *budget.forced]
+            for t in closing:
+                yield rec.token("reasoning", t)
+            s.index.extend("reasoning", closing)
+            main.unfed = [*closing, *budget.forced]
         # 6. retire finished drafts; alone again, the main row sheds its holes
         one_token_step = all(len(row.fed) == 1 for row in rows)  # timed: a step's cost alone / with drafts
         if any(row.draft.finished for row in rows[1:]):
@@ -215,7 +217,9 @@ def _reason_and_draft(s: _State, budget: ThinkBudget, first_input: int) -> Itera
             rows = [rows[r] for r in keep]
         if one_token_step:
             step_times[len(rows) > 1].append(time.perf_counter() - t_step)
-        if s.ended or nxt == markers.close_id:
+        reasoning = s.index.sources["reasoning"]
+        if s.ended or forced or markers.closes_at(reasoning, len(reasoning) - 1):
+            s.unfed = main.unfed  # the closing token(s), and the tail forced after them: phase B feeds them first
             break
     rec.stats.step_s_alone = _mean(step_times[False])
     rec.stats.step_s_drafting = _mean(step_times[True])
@@ -290,13 +294,13 @@ def take_draft_token(s: SSRState, d: Draft, t: int, q: torch.Tensor | None) -> E
 
 def answer_by_verification(s: SSRState, budget: ThinkBudget) -> Iterator[Event]:
     """Phase B, after a reasoning that closed (by itself or forced by ``budget``) with the
-    end-of-thinking marker still unfed: the answer, each step a proposal verified in one
+    token(s) that closed it still unfed (``s.unfed``): the answer, each step a proposal verified in one
     ``s.verify``. Stops at ``max_answer`` tokens or an end of sequence (the verifier's, or a
     draft's accepted end)."""
     cfg, rec = s.cfg, s.rec
     stop = s.eos_ids
     s.index.reset_cursors()  # the answer reads every source afresh
-    s.unfed = [budget.markers.close_id, *budget.forced]  # the marker (and forced tail) are verified in first
+    # s.unfed: the token(s) that closed the reasoning (and the forced tail), set by phase A: verified in first
     s.answer = list(budget.forced)
     s.index.extend("answer", s.answer)
     yield from budget.open_answer(rec)

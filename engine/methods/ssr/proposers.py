@@ -15,6 +15,7 @@ proposal it gets.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -93,10 +94,13 @@ class DraftPrefixProposer:
 
 
 class SuffixProposer:
-    """Proposes what followed the answer's longest suffix in the given sources."""
+    """Proposes what followed the answer's longest suffix in the given sources; a proposal stops
+    before any ``stop`` token, and after the first ``cut(answer, tokens)`` of its tokens where a
+    ``cut`` is given (the main reasoning's: before the end-of-thinking marker, however split)."""
 
-    def __init__(self, index: SuffixIndex, names: list[str], stop: frozenset[int], spec_factor: float = 0.0) -> None:
-        self.index, self.names, self.stop, self.spec_factor = index, names, stop, spec_factor
+    def __init__(self, index: SuffixIndex, names: list[str], stop: frozenset[int], spec_factor: float = 0.0,
+                 cut: Callable[[list[int], list[int]], int] | None = None) -> None:
+        self.index, self.names, self.stop, self.spec_factor, self.cut = index, names, stop, spec_factor, cut
 
     def propose(self, answer: list[int], max_tokens: int) -> Proposal | None:
         m = self.index.lookup(answer, self.names, max_tokens, self.stop)
@@ -104,6 +108,10 @@ class SuffixProposer:
             return None
         if self.spec_factor > 0:  # SuffixDecoding's cap: trust a proposal in proportion to its match
             m = dataclasses.replace(m, tokens=m.tokens[: max(1, int(self.spec_factor * m.length))])
+        if self.cut is not None:
+            m = dataclasses.replace(m, tokens=m.tokens[: self.cut(answer, m.tokens)])
+            if not m.tokens:
+                return None
         kind, _, num = m.source.partition(":")
         return Proposal(m.tokens, "recovered", kind, int(num) if num else None, m.start, m.length)
 
