@@ -19,6 +19,7 @@ from engine.methods.rsd.prm import MathShepherdScorer, QwenMathPRMScorer
 from engine.presets import recommended_settings
 from engine.remote.model import RemoteModel, connect
 from engine.remote.prm import connect_prm
+from engine.runtime.gguf import Progress
 from engine.runtime.model import (
     LoadedModel,
     context_positions,
@@ -67,17 +68,18 @@ def declared_context(model: str) -> int | None:
 
 
 def load_role(name: str, device: str | None = None, server: Server | None = None, target=None,
-              random_weights: bool = False) -> LoadedModel | RemoteModel:
+              random_weights: bool = False, progress: Progress | None = None) -> LoadedModel | RemoteModel:
     """The model ``name`` for one role: on its ``server`` if it has one, else in process (with
     random weights when asked: the architecture's real per-token cost, offline). A draft (given
-    its ``target``) must share the target's tokenizer."""
+    its ``target``) must share the target's tokenizer. ``progress`` hears how a load goes (a GGUF
+    file's first conversion)."""
     if server is not None:
         lm = connect(name, server.base_url, server.api_key, server.served_name, transport=server.transport,
                      speculation=server.speculation)
     elif random_weights:
         lm = random_weights_model(name, device)
     else:
-        lm = load_model(name, device=device)
+        lm = load_model(name, device=device, progress=progress)
     if isinstance(lm, LoadedModel):
         capabilities(lm)  # measured at load, kept: what SSR relies on, on this model (engine.runtime.probe)
     if target is not None:

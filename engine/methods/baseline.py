@@ -47,11 +47,12 @@ def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Even
         yield rec.phase("reasoning")
         reasoning: list[int] = []
         while True:
-            forced = budget.spent(len(reasoning))
-            toks = budget.force() if forced else [chooser.pick(logits)]  # nothing is drawn at the budget
-            if toks[0] in lm.eos_ids:
+            tok = None if budget.spent(len(reasoning)) else chooser.pick(logits)  # nothing is drawn at the budget
+            if budget.ends_run(tok, lm.eos_ids):
                 ended = True
                 break
+            forced = tok is None or tok in lm.eos_ids  # the budget, or a prompted model's end of turn, closes it
+            toks = budget.force() if forced else [tok]
             for tok in toks:
                 yield rec.token("reasoning", tok)
             reasoning += toks

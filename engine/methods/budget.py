@@ -5,7 +5,9 @@ the run log's reasoning count): the model picks at most ``max_think - k`` (:attr
 ``k`` the marker's tokens: 1 for a marker token, 3 for ``</think>`` as text on SmolLM2), and the
 tokens after them are not the model's: they are the marker, and the template's tail after it
 (``ThinkMarkers.tail_ids``, e.g. the blank line before the answer) is forced in with it and opens
-the answer. A model that closes its thoughts by itself within the budget forces nothing.
+the answer. A model that closes its thoughts by itself within the budget forces nothing. A prompted model
+(``ThinkMarkers.prompted``) that ends its turn inside its reasoning has the end of thinking forced
+there too (:meth:`ThinkBudget.ends_run`), so that it answers.
 
 Example (``max_think`` 3, a one-token marker; the model would think on)::
 
@@ -48,6 +50,14 @@ class ThinkBudget:
         """Whether ``thought`` reasoning tokens use the model's share up, so that the next one (the
         ``max_think``-th at most) is the forced marker."""
         return thought >= self.picks
+
+    def ends_run(self, tok: int | None, eos_ids: frozenset[int]) -> bool:
+        """Whether the model's reasoning token ``tok`` ends the run with no answer: an end of
+        sequence, except on a prompted model (``ThinkMarkers.prompted``), whose end of turn inside
+        its reasoning is taken as its end of thinking: :meth:`force` feeds the marker and the tail
+        in its place and the model answers (a chat model asked to reason often ends its turn
+        without writing ``</think>``). One rule, for every method that reasons."""
+        return tok in eos_ids and not self.markers.prompted
 
     def force(self) -> list[int]:
         """The end-of-thinking marker's tokens, in place of the model's own; the template tail after

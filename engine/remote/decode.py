@@ -53,8 +53,8 @@ def decode_remote_baseline(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iter
         yield rec.phase("reasoning")
         closed, reasoning = False, []
         for tok in _stream(rm, rec, seq, budget.picks, eos | markers.stop_ids, cfg):
-            if tok in eos:
-                ended = True
+            if tok in eos:  # the run ends, or (a prompted model's end of turn) the end of thinking is forced
+                ended = budget.ends_run(tok, eos)
                 break
             yield rec.token("reasoning", tok)
             reasoning.append(tok)
@@ -172,15 +172,15 @@ def _reason_and_fork(s: RemoteState, budget: ThinkBudget, drafts_stop: threading
             if source != "main":
                 yield from _draft_takes(s, live, source, item)
                 continue
-            if item is None:  # the server stopped at the budget: the end of thinking is forced
+            if budget.ends_run(item, eos):  # the model ended without closing its thoughts: no answer
+                s.ended = True
+                return
+            if item is None or item in eos:  # the server stopped at the budget (or a prompted model's turn ended)
                 s.unfed = budget.force()
                 for tok in s.unfed:
                     yield rec.token("reasoning", tok)
                 s.unfed += budget.forced
                 break
-            if item in eos:  # the model ended without closing its thoughts: no answer
-                s.ended = True
-                return
             yield rec.token("reasoning", item)
             s.index.extend("reasoning", [item])
             reasoning = s.index.sources["reasoning"]

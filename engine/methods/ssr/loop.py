@@ -200,10 +200,11 @@ def _reason_and_draft(s: _State, budget: ThinkBudget, first_input: int) -> Itera
         for t in step.tokens[:-1]:
             yield rec.token("reasoning", t, "recovered", source=step.proposal.source, match_len=step.proposal.match_len)
         s.index.extend("reasoning", step.tokens[:-1])
-        forced = budget.spent(n + step.accepted)
+        own = None if budget.spent(n + step.accepted) else step.tokens[-1]  # at the budget the marker is forced
+        s.ended = budget.ends_run(own, lm.eos_ids)  # ended without closing its thoughts: no answer
+        forced = own is None or own in lm.eos_ids  # the budget, or a prompted model's end of turn, closes it
         closing = budget.force() if forced else step.tokens[-1:]  # the main row's next token(s), not fed yet
         n += len(step.tokens)
-        s.ended = closing[0] in lm.eos_ids  # the model ended without closing its thoughts: no answer
         if not s.ended:
             for t in closing:
                 yield rec.token("reasoning", t)
