@@ -59,7 +59,7 @@ def test_bench_end_to_end(model_dir, prompts, tmp_path, capsys):
 
 
 def test_hf_peer_splits_at_the_marker_and_matches_baseline(model_dir, prompts, tmp_path):
-    """Without budget forcing in play, generate() and our loop write the same tokens."""
+    """generate() and our loop write the same tokens (tests/test_peers_budget.py: with the budget in play too)."""
     out = tmp_path / "r.json"
     assert bench.main(["--model", str(model_dir), "--methods", "baseline,hf", "--prompts", str(prompts), "--out",
                        str(out), "--max-think", "40", "--draft-start", "3", "--max-answer", "6", "--warmup", "0"]) == 0
@@ -222,8 +222,9 @@ def test_hf_static_peer_equals_our_plain_loop():
     cfg = RunConfig(max_think=12, max_answer=6)
     static = list(decoder("hf-static", lm)("hello world", cfg))[-1]
     plain = list(decode_baseline(lm, "hello world", cfg))[-1]
-    # ours picks 11 and forces the marker as the budget's 12th token; generate() does no budget forcing
-    assert static.stats.method == "hf-static" and static.reasoning_ids[:11] == plain.reasoning_ids[:11]
+    # ours picks 11 and forces the marker as the budget's 12th token: the peer forces it too (issue 30)
+    assert static.stats.method == "hf-static" and static.reasoning_ids == plain.reasoning_ids
+    assert static.answer_ids == plain.answer_ids
 
 
 def test_random_weights_build_a_presets_architecture_offline():
@@ -262,3 +263,50 @@ def test_bench_compile_flag_reports_the_step_mode(model_dir, prompts, tmp_path, 
     with pytest.raises(SystemExit):
         bench.main(["--model", str(model_dir), "--prompts", str(prompts), "--out", str(out), "--compile", "fast"])
     assert "invalid choice: 'fast'" in capsys.readouterr().err
+
+
+def test_bench_shows_live_tokens_and_the_model_load_on_stderr(model_dir, prompts, tmp_path, capsys, monkeypatch):
+    """Inside a run, stderr says the tokens so far; the engine's load messages are printed; stdout and
+    the results are as without them."""
+    from engine import wiring
+
+    real = wiring.load_model
+
+    def reporting(name, device=None, progress=None):
+        progress("dequantizing 3 tensors of tiny.gguf (first use)")
+        return real(name, device=device)
+
+    monkeypatch.setattr(wiring, "load_model", reporting)
+    out = tmp_path / "r.json"
+    assert bench.main(["--model", str(model_dir), "--methods", "baseline,hf", "--prompts", str(prompts), "--out",
+                       str(out), "--max-think", "12", "--max-answer", "6", "--warmup", "0"]) == 0
+    printed = capsys.readouterr()
+    assert "dequantizing 3 tensors of tiny.gguf (first use)" in printed.err
+    assert " a r0 baseline: " in printed.err and " tokens so far" in printed.err
+    assert "tokens so far" not in printed.out
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["agreement"] for r in runs if r["method"] == "hf"] == ["identical", "identical"]
+
+
+def test_live_progress_counts_tokens_and_throttles():
+    import io
+
+    from engine.events import PhaseEvent, TokenEvent
+
+    def tok(stream, position, status="generated"):
+        return TokenEvent(stream, status, 5, "x", position, 0.0)
+
+    sink = io.StringIO()
+    live = bench.LiveProgress(total=4, stream=sink, interval=0.0)
+    live.done = 1
+    live("a r0 ssr", PhaseEvent("prefill", 0.0))
+    for ev in (tok("reasoning", 0), tok("reasoning", 1), tok("draft", 0), tok("answer", 0),
+               tok("answer", 0, "accepted")):  # a draft token and a new verdict are no new tokens
+        live("a r0 ssr", ev)
+    assert live.tokens == 3 and sink.getvalue().splitlines()[-1].endswith("1/4 a r0 ssr: 3 tokens so far")
+    live("b r0 ssr", tok("reasoning", 0))
+    assert live.tokens == 1  # a new run counts from zero
+    throttled = bench.LiveProgress(total=1, stream=io.StringIO(), interval=3600.0)
+    for i in range(50):
+        throttled("a r0 hf", tok("reasoning", i))
+    assert len(throttled.stream.getvalue().splitlines()) == 1 and throttled.tokens == 50

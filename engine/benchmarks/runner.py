@@ -1,7 +1,8 @@
 """The benchmark loop the bench CLI and the studio's Benchmark tab share: on every problem and
 repeat the methods run one after another (baseline first, so agreement can grade the others), so
 ratios hold on a noisy machine; every run is logged with its dataset and grade. A warm-up runs each
-method once, unlogged, before anything is timed (warm-up is not a measurement)."""
+method once, unlogged, before anything is timed (warm-up is not a measurement). ``watch`` sees every
+event of every run (warm-up included) as it comes: the CLI's live "tokens so far"."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 from engine.benchmarks.grading import Grader
 from engine.benchmarks.problems import Problem
 from engine.config import RunConfig
-from engine.events import DoneEvent
+from engine.events import DoneEvent, Event
 from engine.methods.rsd.loop import RSD_METHODS
 from engine.registry import SINGLE_MODEL, decoder
 from engine.runlog import RunLog, RunMeta
@@ -20,6 +21,8 @@ from engine.tools.agreement import agreement
 
 # the studio wraps each run's events (its job's claim on the run's end): (events, last run) -> events
 Wrap = Callable[[Iterable, bool], Iterable]
+# sees each event as it comes: (the run's label, e.g. "a r0 hf" or "a warm-up hf", event); it must be quick
+Watch = Callable[[str, Event], None]
 
 
 @dataclass
@@ -34,6 +37,7 @@ class Bench:
     log: RunLog | None = None
     dataset: str | None = None
     origin: str = "bench"
+    watch: Watch | None = None
 
     def __post_init__(self) -> None:
         self.methods = sorted(dict.fromkeys(self.methods), key=lambda m: m != "baseline")
@@ -44,7 +48,9 @@ class Bench:
     def warm_up(self, problem: Problem) -> None:
         """Each method once on ``problem``, unlogged and untimed (compiles, caches, first-call costs)."""
         for m in self.methods:
-            list(self._decode(m)(problem.prompt, self.cfg))
+            for ev in self._decode(m)(problem.prompt, self.cfg):
+                if self.watch is not None:
+                    self.watch(f"{problem.id} warm-up {m}", ev)
 
     def _decode(self, method: str):
         m = self.models
@@ -66,7 +72,7 @@ class Bench:
                     base = run["answer_text"] if m == "baseline" else base
                     batch.append(run)
                 if self.cfg.greedy and isinstance(self.models["target"], LoadedModel):  # agreement reads logits here
-                    add_agreement(self.models["target"], problem.prompt, batch)
+                    add_agreement(self.models["target"], problem.prompt, batch, self.cfg.max_think)
                 yield from batch
 
     def run_one(self, method: str, problem: Problem, repeat: int, baseline_answer: str | None = None,
@@ -94,6 +100,8 @@ class Bench:
         done: DoneEvent | None = None
         try:
             for ev in events:
+                if self.watch is not None:
+                    self.watch(f"{problem.id} r{repeat} {method}", ev)
                 if isinstance(ev, DoneEvent):
                     done = ev
                 elif stop is not None and stop():
@@ -112,14 +120,15 @@ class Bench:
         return run
 
 
-def add_agreement(lm, prompt: str, batch: list[dict]) -> None:
+def add_agreement(lm, prompt: str, batch: list[dict], max_think: int | None = None) -> None:
     """Greedy runs of one prompt: each single-model method's agreement with ``baseline`` ("identical",
-    or where it diverged and the top-2 logit margin there), so numerics read as numerics."""
+    where it diverged and the top-2 logit margin there, or the budget or length difference it is
+    instead), so numerics read as numerics."""
     base = next((r for r in batch if r["method"] == "baseline"), None)
     if base is None:
         return
     base_ids = base["reasoning_token_ids"] + base["answer_token_ids"]
     for r in batch:
         if r["method"] in SINGLE_MODEL and r["method"] != "baseline":
-            a = agreement(lm, prompt, base_ids, r["reasoning_token_ids"] + r["answer_token_ids"])
-            r.update(agreement=str(a), diverged_at=a.diverged_at, margin=a.margin)
+            a = agreement(lm, prompt, base_ids, r["reasoning_token_ids"] + r["answer_token_ids"], max_think, r["method"])
+            r.update(agreement=str(a), agreement_kind=a.kind, diverged_at=a.diverged_at, margin=a.margin)

@@ -1,13 +1,26 @@
 """The peers a user could pick instead: ``transformers`` ``generate()``: plain, prompt-lookup, static.
 
-Methods ``hf`` (greedy or sampled ``generate()`` on the same templated input, with
-``max_new_tokens = max_think + max_answer``), ``hf-pld`` (the same with
-``prompt_lookup_num_tokens=10``) and ``hf-static`` (the same with the static cache,
+Methods ``hf`` (greedy or sampled ``generate()`` on the same templated input), ``hf-pld`` (the same
+with ``prompt_lookup_num_tokens=10``) and ``hf-static`` (the same with the static cache,
 ``cache_implementation="static"``, which transformers compiles by itself on a GPU: what a
-transformers user picks for speed; the bench's warm-up run absorbs that compilation). Their output is split at the end-of-thinking marker into the
-reasoning and answer streams; the events are emitted after ``generate()`` returns, each with the
-time the token was produced (recorded by a streamer), so latency and time to first answer token
-are measured the same way as for our own loops. ``generate()`` does no budget forcing.
+transformers user picks for speed; the bench's warm-up run absorbs that compilation).
+
+They keep baseline's budget (:class:`~engine.methods.budget.ThinkBudget`, the one rule), so that
+under greedy decoding they write baseline's tokens exactly:
+
+1. reasoning: one ``generate()`` of at most ``budget.picks`` tokens, stopped at the token that
+   closes the reasoning (``ThinkMarkers.closes_at``, checked by a stopping criterion) or at an end
+   of sequence; when the model did not close it, the marker and the template tail are forced
+   (``budget.force()``), as baseline forces them;
+2. answer: a second ``generate()`` of the answer budget left (``max_answer`` less the forced tail),
+   on the first call's cache: only the tokens it has not seen (the last reasoning token, the
+   forced marker and tail) are fed. ``hf-pld`` re-prefills instead (see :meth:`_Calls.generate`).
+
+A model without markers has no reasoning: one ``generate()`` of ``max_answer`` tokens. The events
+are emitted after the calls return, each with the time its token was produced (recorded by a
+streamer; a forced token at the moment it was forced), so latency, time to first answer token and
+the phase seconds are measured as for our own loops, across both calls; the forwards of both calls
+are counted.
 """
 
 from __future__ import annotations
@@ -17,18 +30,21 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from engine.config import RunConfig
-from engine.events import Event
+from engine.events import Event, RunStats, TokenEvent
+from engine.methods.budget import ThinkBudget
 from engine.methods.recorder import Recorder
 from engine.methods.seams import StepModel
+from engine.runtime.markers import ThinkMarkers
 
 PLD_TOKENS = 10
 
 
 class _Clock(BaseStreamer):
-    """Records when each generated token arrives (the first ``put`` is the prompt)."""
+    """Records when each generated token arrives (the first ``put`` of a call is its input)."""
 
     def __init__(self) -> None:
         self.times: list[float] = []
@@ -44,57 +60,151 @@ class _Clock(BaseStreamer):
         pass
 
 
+class _Closes(StoppingCriteria):
+    """Stops ``generate()`` at the token that closes the reasoning (``ThinkMarkers.closes_at``: the
+    one rule, on the tokens generated after ``start``; prompt lookup may add several per step)."""
+
+    def __init__(self, markers: ThinkMarkers, start: int) -> None:
+        self.markers, self.start = markers, start
+        self.reasoning: list[int] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        seen = len(self.reasoning)
+        self.reasoning += input_ids[0, self.start + seen :].tolist()
+        closed = any(self.markers.closes_at(self.reasoning, i) for i in range(seen, len(self.reasoning)))
+        return torch.full((input_ids.shape[0],), closed, dtype=torch.bool, device=input_ids.device)
+
+
+class _Calls:
+    """One run's ``generate()`` calls, one after another, on one cache where transformers lets us."""
+
+    def __init__(self, lm: StepModel, cfg: RunConfig, capacity: int, prompt_lookup: bool, static: bool) -> None:
+        self.lm = lm
+        self.kwargs: dict = dict(eos_token_id=sorted(lm.eos_ids), pad_token_id=lm.tokenizer.pad_token_id or min(lm.eos_ids),
+                                 return_dict_in_generate=True)
+        if cfg.greedy:
+            self.kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        else:
+            self.kwargs.update(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0)
+        if prompt_lookup:
+            self.kwargs["prompt_lookup_num_tokens"] = PLD_TOKENS
+        # the static cache is sized once for the whole run (max_cache_len), so the answer's call reuses it
+        self.first: dict = dict(cache_implementation="static", max_cache_len=capacity) if static else {}
+        self.prompt_lookup = prompt_lookup
+        self.cache = None
+
+    def generate(self, ids: list[int], max_new: int, stop: StoppingCriteria | None = None) -> tuple[list[int], list[float]]:
+        """Up to ``max_new`` tokens after ``ids`` (an end of sequence included, if one came; with prompt
+        lookup maybe tokens past ``stop``), and the ``perf_counter`` time each one arrived."""
+        clock = _Clock()
+        kwargs = {**self.kwargs, "max_new_tokens": max_new, "streamer": clock}
+        if stop is not None:
+            kwargs["stopping_criteria"] = StoppingCriteriaList([stop])
+        kwargs.update({"cache": self.cache} if self.cache is not None else self.first)
+        out = self.lm.model.generate(torch.tensor([ids], device=self.lm.device), **kwargs)
+        # The next call feeds only what this cache has not seen. Not with prompt lookup: assisted decoding (transformers
+        # 5.24) feeds its whole input on its first step whatever the cache holds (wrong tokens on a filled cache), and its
+        # accepted tokens may run past the close; so hf-pld re-prefills its answer's call (counted: the hook sees it).
+        self.cache = None if self.prompt_lookup else out.cache
+        new = out.sequences[0, len(ids) :].tolist()
+        assert len(clock.times) >= len(new), f"the streamer saw {len(clock.times)} of {len(new)} generated tokens"
+        return new, clock.times[: len(new)]
+
+
 def decode_hf(lm: StepModel, prompt: str, cfg: RunConfig, prompt_lookup: bool = False,
               static: bool = False) -> Iterator[Event]:
-    """Yield the events of one ``generate()`` call (``prompt_lookup``: with prompt-lookup decoding;
-    ``static``: with the static cache)."""
+    """Yield the events of one run through ``generate()`` (``prompt_lookup``: with prompt-lookup
+    decoding; ``static``: with the static cache), on baseline's budget."""
     prompt_ids = lm.prompt_ids(prompt)
-    lm.check_fits(len(prompt_ids), cfg.max_think + cfg.max_answer)
+    markers = lm.markers
+    new_tokens = cfg.max_think + cfg.max_answer + (len(markers.close_ids) if markers else 0)
+    lm.check_fits(len(prompt_ids), new_tokens)
+    budget = ThinkBudget(markers, cfg.max_think)
     rec = Recorder(lm.tokenizer, "hf-pld" if prompt_lookup else "hf-static" if static else "hf", len(prompt_ids),
                    lm.device)
-    calls = [0]
-    hook = lm.model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-    clock = _Clock()
-    kwargs = dict(max_new_tokens=cfg.max_think + cfg.max_answer, eos_token_id=sorted(lm.eos_ids),
-                  pad_token_id=lm.tokenizer.pad_token_id or min(lm.eos_ids), streamer=clock)
-    if cfg.greedy:
-        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    else:
-        torch.manual_seed(cfg.seed)
-        kwargs.update(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0)
-    if prompt_lookup:
-        kwargs["prompt_lookup_num_tokens"] = PLD_TOKENS
-    if static:
-        kwargs["cache_implementation"] = "static"
+    calls = _Calls(lm, cfg, len(prompt_ids) + new_tokens, prompt_lookup, static)
     lm.begin_run("rows" if cfg.exact else False)  # generate() runs the model's own forward: only the per-row route reaches it
+    forwards = [0]  # the model's forwards in this run's generate() calls (after begin_run's own checks)
+    hook = lm.model.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    if not cfg.greedy:
+        torch.manual_seed(cfg.seed)
+    reasoning, answer, ended = [], [], False
+    stamps: list[float] = []  # when each reasoning token, then each answer token (forced tail first) came
+    firsts: list[float] = []  # when each call produced its first token
+    answer_forwards = 0
     start = time.perf_counter()
     try:
         with torch.inference_mode(), lm.forwards():
-            out = lm.model.generate(torch.tensor([prompt_ids], device=lm.device), **kwargs)[0, len(prompt_ids):]
+            # 1. reasoning (skipped for models without think markers: everything is the answer)
+            if markers is not None and budget.picks:
+                new, times = calls.generate(prompt_ids, budget.picks, _Closes(markers, len(prompt_ids)))
+                firsts += times[:1]
+                reasoning, stamps, ended = _reasoning(new, times, markers, budget, lm.eos_ids)
+            if markers is not None and (budget.picks == 0 or _forced(reasoning, markers, ended)):
+                reasoning += budget.force()  # the marker; the template tail, in budget.forced, opens the answer
+                stamps += [time.perf_counter()] * (len(markers.marker_ids) + len(budget.forced))
+            # 2. answer: what the forced tail left of its budget, on the reasoning's cache
+            left = cfg.max_answer - len(budget.forced)
+            if not ended and left > 0:
+                before = forwards[0]
+                new, times = calls.generate(prompt_ids + reasoning + budget.forced, left)
+                firsts += times[:1]
+                cut = next((i for i, t in enumerate(new) if t in lm.eos_ids), len(new))
+                answer, stamps = new[:cut], stamps + times[:cut]
+                answer_forwards = max(forwards[0] - before - 1, 0)  # its first forward feeds the reasoning's end
     finally:
         hook.remove()
     wall = time.perf_counter() - start
     rec.t0 = start
     if cfg.exact:
         rec.stats.step_mode = lm.step_mode  # the route it ran on: matched so, like every exact run
+
+    # 3. the events, each token at the time it came; the forwards as baseline counts its own
+    at = iter([t - start for t in stamps])
     yield rec.phase("prefill")
-    generated = [t for t in out.tolist() if t not in lm.eos_ids]
-    close = lm.markers.close_id if lm.markers else None
-    cut = generated.index(close) + 1 if close in generated else (0 if close is None else len(generated))
-    for stream, ids, offset in (("reasoning", generated[:cut], 0), ("answer", generated[cut:], cut)):
-        if stream == "answer":
-            yield rec.phase("answer")
-        for i, tok in enumerate(ids):
-            ev = rec.token(stream, tok)
-            stamp = clock.times[offset + i] - start if offset + i < len(clock.times) else ev.t
-            if stream == "answer" and i == 0:
-                rec.stats.ttft_s = stamp
-            yield replace(ev, t=stamp)
-    rec.forward(calls[0])
+    if markers is not None:
+        yield rec.phase("reasoning")
+        for tok in reasoning:
+            yield replace(rec.token("reasoning", tok), t=next(at))
+    rec.forward(forwards[0] - answer_forwards)
+    for ev in budget.open_answer(rec):  # the answer phase, opened by the forced tail (if any)
+        yield replace(ev, t=next(at)) if isinstance(ev, TokenEvent) else ev
+    for tok in answer:
+        yield replace(rec.token("answer", tok), t=next(at))
+    rec.forward(answer_forwards)
     yield rec.phase("done")
-    stamps = [t - start for t in clock.times] or [wall]
-    s = rec.stats
-    s.prefill_s = stamps[0]
-    s.reasoning_s = stamps[max(cut - 1, 0)] - stamps[0] if cut else 0.0
-    s.answer_s = wall - (stamps[cut - 1] if cut else stamps[0])
+    _phase_seconds(rec.stats, [t - start for t in stamps], len(reasoning), min(firsts, default=start + wall) - start,
+                   wall)
     yield rec.done(wall_s=wall)
+
+
+def _reasoning(new: list[int], times: list[float], markers: ThinkMarkers, budget: ThinkBudget,
+               eos_ids: frozenset[int]) -> tuple[list[int], list[float], bool]:
+    """The reasoning tokens among the first call's ``new`` ones (and when each came), and whether
+    the run ended inside it, read as baseline reads its picks: an end of sequence ends the run
+    (``budget.ends_run``) or, on a prompted model, stops the reasoning for the forced close; the
+    token that closes it (``markers.closes_at``) is the last (prompt lookup may have run past it)."""
+    reasoning: list[int] = []
+    for tok in new:
+        if tok in eos_ids:
+            return reasoning, times[: len(reasoning)], budget.ends_run(tok, eos_ids)
+        reasoning.append(tok)
+        if markers.closes_at(reasoning, len(reasoning) - 1):
+            break
+    return reasoning, times[: len(reasoning)], False
+
+
+def _forced(reasoning: list[int], markers: ThinkMarkers, ended: bool) -> bool:
+    """Whether the budget (or a prompted model's end of turn) must force the close after ``reasoning``,
+    the model's picks: it did not close it itself and did not end the run."""
+    return not ended and not (reasoning and markers.closes_at(reasoning, len(reasoning) - 1))
+
+
+def _phase_seconds(s: RunStats, at: list[float], reasoning: int, first: float, wall: float) -> None:
+    """Prefill (to the first token the model produced), reasoning (to its last token) and answer (the
+    rest) seconds, which add up to ``wall``; the first answer token's time (``at``: each token's)."""
+    s.ttft_s = at[reasoning] if len(at) > reasoning else None
+    s.prefill_s = min(first, wall)
+    end_of_reasoning = max(at[reasoning - 1], s.prefill_s) if reasoning else s.prefill_s
+    s.reasoning_s = end_of_reasoning - s.prefill_s
+    s.answer_s = wall - end_of_reasoning

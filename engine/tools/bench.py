@@ -18,7 +18,8 @@ tokens/s with their IQR, the median of per-problem latency and FLOPs ratios to `
 also to ``target``) with their IQR, answer tokens per forward (Spec-Bench's mean accepted tokens),
 accepted and recovered tokens, steps kept, and for greedy runs how many answers equal baseline's.
 Every run is logged (``--db``) with its dataset and ``correct``. A spread too wide to read a ratio at
-face value is printed as a warning.
+face value is printed as a warning. On stderr: the model load's progress (a GGUF file's first
+conversion), and a live line of the run in flight with its tokens so far (:class:`LiveProgress`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ import argparse
 import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
+from typing import TextIO
 
 from engine.benchmarks.grading import Grader, load_grader
 from engine.benchmarks.problems import (
@@ -43,6 +46,7 @@ from engine.benchmarks.problems import (
 from engine.benchmarks.runner import Bench
 from engine.benchmarks.summary import format_table, spread_warnings, summarize, write_csv
 from engine.config import RunConfig, field_help
+from engine.events import Event, TokenEvent
 from engine.methods.rsd.loop import RSD_METHODS
 from engine.registry import METHODS, check_method, decoder
 from engine.remote.client import BackendError
@@ -102,6 +106,59 @@ def _tokens_line(r: dict) -> str:
 def progress_bar(done: int, total: int, width: int = 24) -> str:
     filled = round(width * done / total) if total else width
     return f"[{'#' * filled}{'.' * (width - filled)}] {done:>{len(str(total))}}/{total}"
+
+
+class LiveProgress:
+    """The run in flight, on one line of ``stream`` (stderr): the bar of finished runs, the run's
+    label and its tokens so far (reasoning and answer), at most one update per ``interval`` seconds
+    (default: 4 a second on a terminal, rewriting the line; one line every 2 s into a file). A
+    :data:`engine.benchmarks.runner.Watch`; the runs' results do not depend on it."""
+
+    def __init__(self, total: int = 0, stream: TextIO | None = None, interval: float | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.interval = interval if interval is not None else 0.25 if self.tty else 2.0
+        self.done, self.total = 0, total
+        self._label: str | None = None
+        self._written: dict[str, int] = {}  # stream -> tokens written so far (a position seen again is a new verdict)
+        self._shown_at = -float("inf")
+        self._on_screen = False
+
+    def __call__(self, label: str, ev: Event) -> None:
+        if label != self._label:
+            self._label, self._written = label, {}
+        if not (isinstance(ev, TokenEvent) and ev.stream in ("reasoning", "answer")):
+            return
+        self._written[ev.stream] = max(self._written.get(ev.stream, 0), ev.position + 1)
+        now = time.monotonic()
+        if now - self._shown_at >= self.interval:
+            self._shown_at = now
+            self._show(f"{progress_bar(self.done, self.total)} {label}: {self.tokens} tokens so far")
+
+    @property
+    def tokens(self) -> int:
+        """The run in flight's reasoning and answer tokens so far."""
+        return sum(self._written.values())
+
+    def _show(self, line: str) -> None:
+        if self.tty:
+            self.stream.write("\r" + line + "\x1b[K")
+            self._on_screen = True
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def clear(self) -> None:
+        """Erase the live line (a terminal's), before a finished run's line is printed."""
+        if self._on_screen:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self._on_screen = False
+
+
+def _say(message: str) -> None:
+    """A model load's progress message, on stderr."""
+    print(message, file=sys.stderr, flush=True)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -185,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         target_server = _server(args.base_url, args.api_key, args.served_model)
         if target_server is not None:
             target_server = dataclasses.replace(target_server, speculation=args.server_speculation)
-        lm = load_role(args.model, args.device, target_server, random_weights=args.random_weights)
+        lm = load_role(args.model, args.device, target_server, random_weights=args.random_weights, progress=_say)
         if isinstance(lm, RemoteModel):
             for m in methods:
                 decoder(m, lm)  # a method that does not run on a server says so now
@@ -195,24 +252,29 @@ def main(argv: list[str] | None = None) -> int:
             cfg.check_ssr()
         if {"rsd", "draft"} & set(methods):
             models["draft"] = load_role(args.draft_model, args.device, target=lm, server=_server(
-                args.draft_base_url, args.api_key, args.draft_served_model))
+                args.draft_base_url, args.api_key, args.draft_served_model), progress=_say)
         if "rsd" in methods:
             models["scorer"] = load_scorer(args.prm, args.device, _server(args.prm_base_url, args.api_key,
                                                                           args.prm_served_model), args.trust_remote_code)
     except (ValueError, ModelLoadError, SSRUnsupportedError, BackendError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    bench = Bench(models, methods, cfg, grader, log, dataset)
+    live = LiveProgress()
+    bench = Bench(models, methods, cfg, grader, log, dataset, watch=live)
     for _ in range(args.warmup):
         bench.warm_up(problems[0])
+    live.clear()
     compiled = [m for m in (lm, models.get("draft")) if getattr(m, "compiled", None) is not None]
     if compiled:  # the warm-up compiled them; no run's latency holds compile time (see RunStats.compile_s)
         print(f"compiled {sum(len(m.compiled.shapes) for m in compiled)} step shapes in "
               f"{sum(m.compile_seconds for m in compiled):.1f} s (before any timed run)", flush=True)
     runs, total = [], bench.total(problems, args.repeat)
+    live.total = total
     print(f"{dataset}: {len(problems)} problems x {args.repeat} repeat(s) x {len(bench.methods)} methods", flush=True)
     for r in bench.runs(problems, args.repeat):
         runs.append(r)
+        live.done = len(runs)
+        live.clear()
         print(f"{progress_bar(len(runs), total)} {r['prompt_id']:>14} r{r['repeat']} {r['method']:>8}: "
               f"{r['latency_s']:.3f}s  {_tokens_line(r)}" + (f"  correct={r['correct']}" if "correct" in r else ""),
               flush=True)
