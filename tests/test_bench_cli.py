@@ -113,7 +113,7 @@ def test_model_without_markers_plain_works_ssr_explains(model_dir, tmp_path):
     cfg = RunConfig(max_think=5, draft_start=1, max_answer=5)
     done = list(decode_baseline(lm, "hi", cfg))[-1]
     assert done.reasoning_ids == [] and len(done.answer_ids) > 0
-    with pytest.raises(SSRUnsupportedError, match="SSR needs a reasoning model with an end-of-thinking marker"):
+    with pytest.raises(SSRUnsupportedError, match="does not reason: it has no end-of-thinking marker token and no chat template"):
         list(decode_ssr(lm, "hi", cfg))
 
 

@@ -98,6 +98,7 @@ def find_markers(tokenizer, preset=None) -> ThinkMarkers | None:
         return None
     if not single:  # prompted reasoning, in the text
         open_text, close_text, tail = PROMPTED_OPEN, CLOSE_TEXT, "\n\n"
+        close = tokenizer.encode(close_text, add_special_tokens=False)
     open_ids = tokenizer.encode(open_text, add_special_tokens=False)
     return ThinkMarkers(tuple(open_ids), tuple(close), tuple(_tail_ids(tokenizer, tail)), close_text,
                         prompted=not single, decode=None if single else _decoder(tokenizer))
