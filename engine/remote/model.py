@@ -13,10 +13,10 @@ from engine.remote.client import VllmClient
 from engine.runtime.model import (
     Compiling,
     ModelLoadError,
-    SSRUnsupportedError,
     ThinkMarkers,
     chat_prompt_ids,
     find_markers,
+    require_markers,
     resolve_model_path,
 )
 
@@ -55,10 +55,7 @@ class RemoteModel:
         return chat_prompt_ids(self.tokenizer, self.markers, user_text)
 
     def require_markers(self) -> ThinkMarkers:
-        if self.markers is None:
-            raise SSRUnsupportedError(f"{self.model_id} has no end-of-thinking marker token: SSR needs one "
-                                      "(plain decoding still works)")
-        return self.markers
+        return require_markers(self.markers, self.model_id)
 
 
 def check_backend(backend: str | None, base_url: str | None) -> None:

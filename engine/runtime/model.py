@@ -60,6 +60,15 @@ class Compiling:
     seconds: float
 
 
+def require_markers(markers: ThinkMarkers | None, model_id: str) -> ThinkMarkers:
+    """``markers``, or :class:`SSRUnsupportedError` saying why a model without them cannot run SSR."""
+    if markers is None:
+        raise SSRUnsupportedError(
+            f"{model_id} does not reason: it has no end-of-thinking marker token and no chat template to "
+            "prompt it with (a base model); SSR needs a reasoning or chat model (plain decoding still works)")
+    return markers
+
+
 def pick_device(device: str | None = None) -> torch.device:
     """``device`` if given, else CUDA, then MPS, then CPU."""
     if device and device != "auto":
@@ -177,11 +186,7 @@ class LoadedModel:
                 "max_think / max_answer")
 
     def require_markers(self) -> ThinkMarkers:
-        if self.markers is None:
-            raise SSRUnsupportedError(
-                f"{self.model_id} does not reason: it has no end-of-thinking marker token and no chat template to "
-                "prompt it with (a base model); SSR needs a reasoning or chat model (plain decoding still works)")
-        return self.markers
+        return require_markers(self.markers, self.model_id)
 
     # ------------------------------------------------------------------ forwards
     def begin_run(self, exact: str | bool = False, compile: str = "off") -> None:
