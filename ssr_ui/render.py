@@ -35,26 +35,39 @@ class Tok:
     draft: int | None = None
     source: str | None = None
     match_len: int | None = None
+    # ids of the tokens just before this one that showed no text: a byte-level tokenizer splits one character
+    # (an emoji, a CJK character) over several tokens, and its text comes whole with the last of them
+    joins: tuple[int, ...] = ()
     _html: str | None = field(default=None, repr=False, compare=False)  # rendered once, re-rendered on change
 
     def verdict(self, status: str, source: str | None, match_len: int | None) -> None:
         self.status, self.source, self.match_len, self._html = status, source, match_len, None
 
-    def span(self, text: str | None = None) -> str:
-        """The token as a coloured span with its tooltip; ``text`` replaces what it shows."""
+    def span(self, text: str | None = None, after: str = "") -> str:
+        """The token as a coloured span with its tooltip; ``text`` replaces what it shows and
+        ``after`` (HTML, e.g. a badge) follows it inside the span."""
+        if after:
+            return self._render(self.text if text is None else text, after)
         if text is not None:
             return self._render(text)
         if self._html is None:
             self._html = self._render(self.text)
         return self._html
 
-    def _render(self, text: str) -> str:
-        tip = f"id {self.token_id} · {STATUS_LABEL[self.status]}"
+    def _render(self, text: str, after: str = "") -> str:
+        if self.joins:
+            ids = " ".join(map(str, (*self.joins, self.token_id)))
+            tip = f"ids {ids} (this text came over {len(self.joins) + 1} tokens)"
+        else:
+            tip = f"id {self.token_id}"
+        tip += f" · {STATUS_LABEL[self.status]}"
         if self.source:
             where = f"draft {self.draft}" if self.source == "draft" and self.draft is not None else self.source
             tip += f" · from {where}" + (f" (match {self.match_len})" if self.match_len else "")
         tip += f" · {self.t:.2f}s"
-        return f'<span class="tok st-{self.status}" title="{html.escape(tip)}">{html.escape(text)}</span>'
+        if not self.text:
+            tip += " · no text of its own: part of a character that a later token completes"
+        return f'<span class="tok st-{self.status}" title="{html.escape(tip)}">{html.escape(text)}{after}</span>'
 
 
 @dataclass
@@ -73,6 +86,9 @@ class TraceView:
     step_starts: dict[tuple[str, int], StepEvent] = field(default_factory=dict)  # (stream, first token) -> step
     method: str = ""  # "baseline", "ssr", "rsd", ... (what the Draft pane can expect)
     think_end: str | None = None  # the end-of-thinking marker's text, shown as a badge, not raw
+    # how the model reasons: None (an end-of-thinking token, or not known), "prompted" (a chat model asked by its
+    # template to reason between <think> and </think>, the marker written as text) or "none" (no reasoning at all)
+    thinking: str | None = None
     exact: bool = False  # the run used exact (batch- and width-invariant) forwards
     rule: str | None = None  # RSD: the acceptance rule and where its numbers came from
     dtypes: str | None = None  # what precision each model runs in
@@ -92,20 +108,15 @@ class TraceView:
                 if ev.phase == "compiling" and ev.total:
                     self.compiled_shapes = (ev.done, ev.total)
         elif isinstance(ev, TokenEvent):
-            tok = Tok(ev.token_id, ev.text, ev.status, ev.t, ev.draft, ev.source, ev.match_len)
-            if ev.stream == "reasoning":
-                self.reasoning.append(tok)
-            elif ev.stream == "answer":
-                if ev.position < len(self.answer):  # a verdict on an answer token (a server's speculation)
-                    self.answer[ev.position].verdict(ev.status, ev.source, ev.match_len)
-                else:
-                    self.answer.append(tok)
+            toks = self.reasoning if ev.stream == "reasoning" else self.answer if ev.stream == "answer" \
+                else self.drafts.setdefault(ev.draft, [])
+            if ev.stream != "reasoning" and ev.position < len(toks):
+                # a verdict on an existing token (a draft token taken or rejected; an answer token a server's
+                # speculation accepted)
+                toks[ev.position].verdict(ev.status, ev.source, ev.match_len)
             else:
-                toks = self.drafts.setdefault(ev.draft, [])
-                if ev.position < len(toks):  # a verdict on an existing draft token
-                    toks[ev.position].verdict(ev.status, ev.source, ev.match_len)
-                else:
-                    toks.append(tok)
+                toks.append(Tok(ev.token_id, ev.text, ev.status, ev.t, ev.draft, ev.source, ev.match_len,
+                                _held(toks) if ev.text else ()))
         elif isinstance(ev, StepEvent):
             self.steps.append(ev)
             if ev.accepted is not False:  # a kept step: label it where it begins
@@ -129,24 +140,77 @@ class TraceView:
                 return i
         return at
 
+    def _close(self) -> tuple[int, int] | None:
+        """Where the end-of-thinking marker lies in the reasoning's text (start, end), when the last
+        reasoning token completes it (the rule of ``engine.runtime.markers``: the token that
+        completes the marker's text closes the reasoning, however the model split it: one marker
+        token, or ``</`` ``think`` ``>`` as text); None while the reasoning is open."""
+        if not self.think_end or not self.reasoning:
+            return None
+        text = "".join(t.text for t in self.reasoning)
+        at = text.rfind(self.think_end)
+        if at < 0 or at + len(self.think_end) <= len(text) - len(self.reasoning[-1].text):
+            return None
+        return at, at + len(self.think_end)
+
+    def marker_tokens(self) -> int:
+        """How many reasoning tokens wrote the closing marker (0 while the reasoning is open): one
+        for a marker token, several for a marker written as text."""
+        close = self._close()
+        if close is None:
+            return 0
+        start, count = 0, 0
+        for tok in self.reasoning:
+            start += len(tok.text)
+            count += start > close[0]
+        return count
+
     def reasoning_html(self) -> str:
+        """The Reasoning pane: its tokens (the blank lines before the first word not shown), where
+        each draft forked, RSD's step badges, and the closing marker shown as an "end of thinking"
+        badge (its tokens keep their tooltips; the marker's text is not shown). A prompted run says
+        so above the pane; a model that does not reason says so in it."""
         spans = []
         forks = sorted(((d, at, self._fork_shown_at(at)) for d, at in self.draft_forks.items()), key=lambda f: f[2])
+        close, start, leading = self._close(), 0, True
+        marker: list[int] = []  # the ids of the tokens that wrote the marker
         for i, tok in enumerate(self.reasoning):
             for d, at, shown in forks:
                 if shown == i:
                     spans.append(f'<span class="fork" title="draft {d} forked after {at} reasoning tokens">▼ draft {d}</span>')
             spans += self._step_badge("reasoning", i)
-            if self.think_end and tok.text.endswith(self.think_end) and i == len(self.reasoning) - 1:
-                # the marker's piece may carry bytes a byte-level tokenizer held back before it
-                badge = '<span class="think-end">end of thinking</span></span>'
-                spans.append(tok.span(tok.text[:-len(self.think_end)]).replace("</span>", badge))
-            else:
-                spans.append(tok.span())
+            begin = start
+            start += len(tok.text)
+            if close is None or start <= close[0]:
+                # as in the answer (_trimmed), the blank lines before the first word are not shown
+                spans.append(tok.span(tok.text.lstrip()) if leading and tok.text[:1].isspace() else tok.span())
+                leading = leading and not tok.text.strip()
+                continue
+            # a token of the marker: it shows what it holds outside the marker (a byte-level tokenizer may put
+            # text before it, or the template's blank lines after it); the last one carries the badge
+            marker.append(tok.token_id)
+            visible = tok.text[: max(0, close[0] - begin)]
+            if i < len(self.reasoning) - 1:
+                spans.append(tok.span(visible))
+                continue
+            # (the tooltip names the marker's tokens, not its text: a page never shows the raw marker)
+            how = (f"the marker written as text over {len(marker)} tokens (prompted reasoning)" if len(marker) > 1
+                   or self.thinking == "prompted" else "the end-of-thinking token")
+            tip = f"end of thinking: {how}; {'ids' if len(marker) > 1 else 'id'} {' '.join(map(str, marker))}"
+            badge = f'<span class="think-end" title="{html.escape(tip)}">end of thinking</span>'
+            spans.append(tok.span(visible, badge + html.escape(tok.text[close[1] - begin:])))
         for d, at, shown in forks:
             if shown >= len(self.reasoning):
                 spans.append(f'<span class="fork" title="draft {d} forked after {at} reasoning tokens">▼ draft {d}</span>')
-        return _pane(spans, "The reasoning appears here.")
+        if self.thinking == "none":
+            return _pane(spans, "No reasoning: this model has no think markers and no chat template (a base model), "
+                                "so its whole output is the answer.")
+        pane = _pane(spans, "The reasoning appears here.")
+        if self.thinking == "prompted":
+            return ('<div class="pane-note">prompted reasoning: this chat model has no end-of-thinking token, so '
+                    f'its template asks it to reason between &lt;think&gt; and {html.escape(self.think_end or "")}'
+                    '</div>' + pane)
+        return pane
 
     def _step_badge(self, stream: str, start: int) -> list[str]:
         step = self.step_starts.get((stream, start))
@@ -182,7 +246,8 @@ class TraceView:
             spans.append(span)
         if self.phase == "stopped":
             return _pane(spans, "Stopped before the answer.")
-        return _pane(spans, "The answer appears when the reasoning ends.")
+        return _pane(spans, "The answer appears here." if self.thinking == "none" else
+                     "The answer appears when the reasoning ends.")
 
     @property
     def finished(self) -> bool:
@@ -193,6 +258,17 @@ class TraceView:
         s = self.tally.stats
         return {"accepted": s.accepted, "recovered": s.recovered, "generated": s.generated, "rejected": s.rejected,
                 "steps_kept": self.tally.steps_kept, "steps_rewritten": self.tally.steps_rewritten}
+
+
+def _held(tokens: list[Tok]) -> tuple[int, ...]:
+    """The ids of the tokens at the end of ``tokens`` that showed no text (their bytes wait for a
+    later token to complete a character), oldest first."""
+    held = []
+    for tok in reversed(tokens):
+        if tok.text:
+            break
+        held.append(tok.token_id)
+    return tuple(reversed(held))
 
 
 def _trimmed(tokens: list[Tok]) -> list[str]:
@@ -228,6 +304,9 @@ LEGEND = (
 
 # what a strip cell's name means, shown when the pointer rests on it
 TERMS = {
+    "thinking": "prompted: a chat model without an end-of-thinking token, asked by its template to reason between "
+                "<think> and </think> (its reasoning ends where it writes </think>, however that text is split into "
+                "tokens); none: a base model (no think marker, no chat template), whose whole output is the answer",
     "elapsed": "wall time of the run, compiling excluded",
     "first answer token": "time from the start of the run to its first answer token",
     "accepted": "answer tokens taken from a draft by prefix verification (share of the answer)",
@@ -252,6 +331,7 @@ TERMS = {
     "verify": "where SSR's verifies ran: in the model's own steps, on a speculating server, or as client-side "
               "verify requests",
 }
+THINKING = {"prompted": "prompted (&lt;/think&gt; as text)", "none": "none (a base model: all answer)"}
 LONG_CELLS = {"rule", "vs baseline", "precision", "phase", "same as baseline", "server speculation"}  # cells whose value may wrap
 
 
@@ -316,13 +396,14 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         items.append(("vs baseline", f"{compare['ratio']:.2f}x latency{which}: {html.escape(compare['matched_on'])}"))
         if compare.get("agreement") is not None:
             a = compare["agreement"]
-            items.append(("same as baseline", "✔ identical" if a.identical else
-                          f"✘ from token {a.diverged_at} (top-2 margin {a.margin:.3g})"))
+            items.append(("same as baseline", "✔ identical" if a.identical else f"✘ {html.escape(str(a))}"))
         elif compare.get("identical") is not None:
             items.append(("same answer", "✔" if compare["identical"] else "✘ differs"))
     elif view.phase in ("stopped", "error") and view.method not in ("", "baseline"):
         ended = "was stopped" if view.phase == "stopped" else "failed"
         items.append(("vs baseline", f"none: a run that {ended} is not compared"))
+    if view.thinking in THINKING:  # next to the method: how this model's reasoning is told apart
+        items.insert(1, ("thinking", THINKING[view.thinking]))
     cells = "".join(f'<div class="metric{" long" if k in LONG_CELLS else ""}"><div class="k"'
                     + (f' title="{html.escape(TERMS[k])}"' if k in TERMS else "") + f'>{k}</div><div class="v">{v}</div></div>'
                     for k, v in items)
@@ -340,6 +421,11 @@ def si(x: float) -> str:
 
 def prompt_html(prompt: str) -> str:
     return f'<div class="prompt-box"><b>Prompt</b> {html.escape(prompt)}</div>' if prompt else ""
+
+
+def html_note(message: str) -> str:
+    """A status line for the metrics strip (loading, waiting)."""
+    return f'<div class="metrics status">{html.escape(message)}</div>'
 
 
 def error_html(message: str) -> str:
