@@ -56,10 +56,17 @@ PHASE_OF_STATUS = {"ok": "done", "cancelled": "stopped"}
 
 def logged_view(row: dict, events: list) -> TraceView:
     """A logged or imported run folded as the live view folded it: its panes (the end-of-thinking
-    badge included), its logged statistics and a phase from its status."""
+    badge included), its logged statistics and a phase from its status. How the model reasoned is
+    told from the log, which keeps the marker's text but not its kind: "prompted" when the closing
+    marker was written over several tokens (a marker token is one), "none" when the run had no
+    marker and no reasoning token (a base model); else not said."""
     view = TraceView(method=str(row.get("method") or ""), think_end=row.get("think_end"))
     for ev in events:
         view.apply(ev)
+    if view.marker_tokens() > 1:
+        view.thinking = "prompted"
+    elif not view.think_end and not view.reasoning and view.answer:
+        view.thinking = "none"
     view.stats = RunStats(**{k: row[k] for k in RunStats.field_names() if row.get(k) is not None})
     view.phase = PHASE_OF_STATUS.get(row.get("status"), str(row.get("status") or "imported"))
     return view

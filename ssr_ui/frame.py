@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 
-from ssr_ui.render import TraceView
+from ssr_ui.render import TraceView, html_note
 
 
 @dataclass
@@ -29,7 +28,7 @@ class Frame:
     @classmethod
     def note(cls, message: str) -> Frame:
         """Empty panes and a status line (loading, waiting)."""
-        return cls.of(TraceView(), f'<div class="metrics status">{html.escape(message)}</div>')
+        return cls.of(TraceView(), html_note(message))
 
     def as_tuple(self):
         return self.reasoning, self.draft, self.answer, self.metrics, self.chart

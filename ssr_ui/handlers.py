@@ -36,7 +36,7 @@ from ssr_ui.benchmark import BenchmarkRuns
 from ssr_ui.frame import Frame
 from ssr_ui.history import PastRuns
 from ssr_ui.jobs import Job, Jobs, claimed
-from ssr_ui.render import TraceView, error_html, metrics_html
+from ssr_ui.render import TraceView, error_html, html_note, metrics_html
 from ssr_ui.shelf import ModelShelf
 
 log = logging.getLogger(__name__)
@@ -110,11 +110,17 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         runs = ["Baseline", "SSR", "RSD"] if method == "Compare" else [method]
         model_name = (model_name or self.default_model).strip()
         yield Frame.note(f"loading {model_name}…")
+        for status in self.loading(model_name):  # a first load (a GGUF file's conversion) says how it goes
+            yield Frame.note(f"loading {model_name}… {status}")
         lm = self.model(model_name)
+        if "SSR" in runs:  # refused before anything runs (a comparison too), in the engine's words
+            lm.require_markers()
         rsd = {}
         if "RSD" in runs:
             draft_model, prm = (draft_model or self.default_draft).strip(), (prm or self.default_prm).strip()
             yield Frame.note(f"loading the draft model {draft_model} and the PRM {prm}…")
+            for status in self.loading(draft_model):
+                yield Frame.note(f"loading the draft model {draft_model}… {status}")
             rsd = {"draft": self.model(draft_model), "scorer": self.scorer(prm), "draft_name": draft_model,
                    "prm_name": prm}
             check_pair(lm, rsd["draft"])  # (models load once, by name: the pair is checked per run)
@@ -130,7 +136,8 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 if not self.is_warm(lm, METHOD_NAMES[name], cfg):
                     yield Frame.note(f"warming up {name} on {model_name} (once per kind of run, untimed, not logged)…")
                     self.warm(lm, METHOD_NAMES[name], cfg, rsd)
-                view = TraceView(method=METHOD_NAMES[name], think_end=_think_end(lm), exact=cfg.exact,
+                view = TraceView(method=METHOD_NAMES[name], think_end=_think_end(lm), thinking=_thinking(lm),
+                                 exact=cfg.exact,
                                  rule=self.rsd_rule(model_name, cfg) if name == "RSD" else None,
                                  dtypes=_dtypes(lm, rsd if name == "RSD" else {}))
                 yield from self._stream(lm, prompt, name, cfg, view, rsd, job, deadline, last=name == runs[-1])
@@ -268,7 +275,10 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             if len(starts) > 50:
                 raise ValueError(f"{len(starts)} draft starts is too many for one sweep (at most 50)")
             configs = [self.config(model_name, **{**settings, "draft_start": d}).check_ssr() for d in starts]
+            for status in self.loading(model_name):
+                yield html_note(f"loading {(model_name or self.default_model).strip()}… {status}"), None
             lm = self.model(model_name)
+            lm.require_markers()  # SSR on a model that does not reason: refused before the baseline runs
             with self._lock:
                 self.warm(lm, "baseline", configs[0])
                 self.warm(lm, "ssr", configs[0])
@@ -321,3 +331,12 @@ def _dtypes(lm: LoadedModel, rsd: dict) -> str:
 
 def _think_end(lm: LoadedModel) -> str | None:
     return lm.markers.close_text if lm.markers else None
+
+
+def _thinking(lm: LoadedModel) -> str | None:
+    """How ``lm`` reasons, as the panes and the strip say it (``TraceView.thinking``): None (an
+    end-of-thinking token), "prompted" (a chat model asked to reason, ``</think>`` as text) or
+    "none" (no markers: a base model, whose whole output is the answer)."""
+    if lm.markers is None:
+        return "none"
+    return "prompted" if lm.markers.prompted else None

@@ -26,6 +26,8 @@ from engine.runlog import RunLogError
 from engine.runtime.compiled import COMPILE_MODES
 from engine.runtime.fixed import ROUTES as EXACT_ROUTES
 from engine.runtime.fixed import SHAPE as FIXED_SHAPE
+from engine.runtime.gguf import REGISTRY as GGUF_REGISTRY
+from engine.runtime.gguf import installed
 from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 from ssr_ui import charts
 from ssr_ui.benchmark import BENCH_METHODS, RUN_COLUMNS
@@ -51,18 +53,38 @@ HISTORY_COLUMNS = {"id": "id", "created_at": "when (UTC)", "method": "method", "
 PRIVATE = dict(api_visibility="private")  # UI plumbing, not part of the API
 
 
-def examples() -> dict[str, tuple[str, list[str]]]:
-    """Example prompts grouped by what the bundled models can do, each group with the method it
-    shows (picking an example sets Method too)."""
-    return {
+REAL_EXAMPLES_MODEL = "smollm2-135m-instruct"  # the small real model the short-question examples suit
+
+
+def examples() -> dict[str, tuple[str, str | None, list[str]]]:
+    """Example prompts grouped by the model they suit: label -> (the method the group shows, the
+    model it suits or None for "whichever is picked", its prompts). Picking an example sets Method,
+    and Model when the group names one. The short questions for :data:`REAL_EXAMPLES_MODEL` (a
+    135M chat model, run with prompted reasoning) are listed only when its package is installed."""
+    groups = {
         "SSR on the bundled model (class-writing prompts)":
-            ("SSR", [make_example("classes", EVAL_SEED_BASE + i).prompt for i in range(3)]),
+            ("SSR", BUNDLED[0], [make_example("classes", EVAL_SEED_BASE + i).prompt for i in range(3)]),
         "RSD on the bundled models (arithmetic prompts)":
-            ("RSD", [make_example("arithmetic", EVAL_SEED_BASE + i).prompt for i in range(2)]),
-        "Need a real model (e.g. qwen3-1.7b): the bundled one knows only the two tasks above": ("SSR", [
-            "Write a Python class Stack with push, pop, peek and is_empty methods, with docstrings.",
-            "Convert this list into a markdown table with columns name and age: Ann 31, Bo 45, Cy 27."]),
+            ("RSD", BUNDLED[0], [make_example("arithmetic", EVAL_SEED_BASE + i).prompt for i in range(2)]),
     }
+    groups["Need a real model (e.g. qwen3-1.7b): the bundled one knows only the two tasks above"] = ("SSR", None, [
+        "Write a Python class Stack with push, pop, peek and is_empty methods, with docstrings.",
+        "Convert this list into a markdown table with columns name and age: Ann 31, Bo 45, Cy 27."])
+    if installed(REAL_EXAMPLES_MODEL):
+        groups[f"Short questions for {REAL_EXAMPLES_MODEL} (a small real chat model, prompted reasoning)"] = (
+            "SSR", REAL_EXAMPLES_MODEL, ["What is the capital of France?", "How many legs does a spider have?",
+                                         "Write a Python function that reverses a string.",
+                                         "Give me three tips for staying healthy."])
+    return groups
+
+
+def model_choices(default_model: str) -> list[str]:
+    """The Model dropdown's list: the studio's default (the bundled model unless the app was given
+    another), the bundled model, the registry's real models whose package is installed (they run
+    offline), then the presets (downloaded from the Hub on first use). Any other name, a local
+    folder, a Hub id, a .gguf file or HUB_ID:FILE.gguf can be typed."""
+    names = [default_model, BUNDLED[0], *(name for name in GGUF_REGISTRY if installed(name)), *PRESETS]
+    return list(dict.fromkeys(names))
 
 
 def _api_signature(cfg, settings: dict, models: dict):
@@ -112,16 +134,16 @@ def build_app(studio: Studio) -> gr.Blocks:
                     prompt = gr.Textbox(label="Prompt", lines=4, placeholder="Ask the reasoning model something")
                 with gr.Column(scale=2):
                     method = gr.Radio(list(MODES), value="SSR", label="Method", elem_id="method")
-                    model = gr.Dropdown([studio.default_model, *[m for m in (*BUNDLED[:1], *PRESETS)
-                                                                  if m != studio.default_model]],
-                                        value=studio.default_model, label="Model", allow_custom_value=True,
-                                        info="bundled, a preset, or type any local folder or Hub id")
+                    model = gr.Dropdown(model_choices(studio.default_model), value=studio.default_model,
+                                        label="Model", allow_custom_value=True, elem_id="model",
+                                        info="bundled, an installed real model, a preset, or type a local folder, "
+                                             "a Hub id, a .gguf file or HUB_ID:FILE.gguf")
                     with gr.Row():
                         run_btn = gr.Button("Run", variant="primary")
                         stop_btn = gr.Button("Stop", variant="stop", interactive=False, elem_id="stop")
             with gr.Row(elem_classes="examples"):
-                example_sets = [(gr.Examples([[p] for p in prompts], inputs=[prompt], label=label), shows)
-                                for label, (shows, prompts) in examples().items()]
+                example_sets = [(gr.Examples([[p] for p in prompts], inputs=[prompt], label=label), shows, suits)
+                                for label, (shows, suits, prompts) in examples().items()]
             draft_start = _as_sent(gr.Number(value=cfg.draft_start, precision=0, label="Draft start (reasoning tokens)",
                                              elem_id="draft-start", info=_draft_start_info(cfg.max_think)))
             with gr.Accordion("Draft-start sweep", open=False):
@@ -329,8 +351,12 @@ def build_app(studio: Studio) -> gr.Blocks:
             frame = runs[which]
             return (*frame.as_tuple()[:4], frame.view, _draft_picker(frame))
 
-        for example_set, shows in example_sets:  # picking an example sets the method it shows
-            example_set.dataset.click(lambda shows=shows: shows, None, [method], **PRIVATE)
+        for example_set, shows, suits in example_sets:  # picking an example sets the method it shows (and model)
+            if suits is None:
+                example_set.dataset.click(lambda shows=shows: shows, None, [method], **PRIVATE)
+            else:
+                example_set.dataset.click(lambda shows=shows, suits=suits: (shows, suits), None, [method, model],
+                                          **PRIVATE)
 
         run_pick.input(show_run, [last_runs, run_pick],
                        [reasoning_pane, draft_pane, answer_pane, metrics, last_view, draft_pick], **PRIVATE)

@@ -1,10 +1,14 @@
 """The studio's models and scorers, by name: each loaded once, on first use, outside the run lock
 (other runs go on meanwhile), on its vLLM server when the app was given one for it, and given up
-after ``load_timeout`` seconds with a message."""
+after ``load_timeout`` seconds with a message. While a model loads, :meth:`ModelShelf.loading`
+yields what the load last reported (a GGUF file's first conversion says so), so a handler can
+show it."""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Iterator
 
 from engine.remote.model import RemoteModel
 from engine.runtime.model import LoadedModel, ModelLoadError
@@ -25,12 +29,33 @@ class ModelShelf:
         self._models: dict[str, LoadedModel | RemoteModel] = {}
         self._scorers: dict[str, object] = {}
         self._load_lock = threading.Lock()  # one load at a time
+        self.load_messages: dict[str, str] = {}  # the latest progress message of each load, by name
+        self._pending: dict[tuple, tuple] = {}  # loads under way: (cache, name) -> (worker thread, its result, start time)
         self._warm_kinds: set[tuple] = set()  # kinds of run already warmed up (warm)
 
     def _loaded(self, key: str, cache: dict, load):
         """``cache[key]``, loading it (outside the run lock, within ``load_timeout``) if needed."""
-        with self._load_lock:
-            if key not in cache:
+        for _ in self._loading(key, cache, load):
+            pass
+        return cache[key]
+
+    def _loading(self, key: str, cache: dict, load, poll_s: float | None = None) -> Iterator[str]:
+        """Put ``cache[key]`` in place, loading it in a worker thread if needed (one load at a time;
+        given up, with a ModelLoadError, ``load_timeout`` seconds after it started, its worker left
+        to finish unheard). With ``poll_s``, yields a status line every ``poll_s`` seconds while it
+        waits: for another load to end, then for this one (its seconds so far and its latest
+        progress message, ``load_messages[key]``); nothing when ``key`` is loaded already. The load
+        lock is held between yields: closing the generator (a stopped handler, a client gone) lets
+        it go, and the load goes on: the next call for ``key`` waits for the same worker."""
+        wait = self.load_timeout if poll_s is None else poll_s
+        while not self._load_lock.acquire(timeout=-1 if poll_s is None else poll_s):
+            yield "waiting for another model's load to end"
+        try:
+            if key in cache:
+                return
+            slot = id(cache), key  # (a model and a scorer may share a name)
+            if slot not in self._pending:
+                self.load_messages.pop(key, None)
                 out: dict = {}
 
                 def work():
@@ -40,29 +65,53 @@ class ModelShelf:
                         out["error"] = err
 
                 worker = threading.Thread(target=work, name=f"load {key}", daemon=True)
+                self._pending[slot] = worker, out, time.monotonic()
                 worker.start()
-                worker.join(self.load_timeout)
-                if worker.is_alive():
-                    raise ModelLoadError(f"loading {key!r} took longer than {self.load_timeout:.0f} s; gave up (the "
-                                         "Hub may be slow or unreachable; --load-timeout sets the limit)")
-                if "error" in out:
-                    raise out["error"]
-                cache[key] = out["value"]
-            return cache[key]
+            worker, out, started = self._pending[slot]
+            while True:
+                left = started + self.load_timeout - time.monotonic()
+                worker.join(max(0.0, min(wait, left)))
+                if not worker.is_alive() or left <= wait:
+                    break
+                message = self.load_messages.get(key)
+                yield f"{time.monotonic() - started:.0f} s" + (f" · {message}" if message else "")
+            del self._pending[slot]
+            if worker.is_alive():
+                raise ModelLoadError(f"loading {key!r} took longer than {self.load_timeout:.0f} s; gave up (the "
+                                     "Hub may be slow or unreachable; --load-timeout sets the limit)")
+            if "error" in out:
+                raise out["error"]
+            cache[key] = out["value"]
+        finally:
+            self._load_lock.release()
 
     def model(self, name: str) -> LoadedModel | RemoteModel:
         """A model by name, loaded once: on its vLLM server when the app was given one for it,
         else in process."""
         name = (name or self.default_model).strip()
+        return self._loaded(name, self._models, self._model_loader(name))
+
+    def loading(self, name: str, poll_s: float = 0.5) -> Iterator[str]:
+        """Load the model ``name`` (as :meth:`model`) if it is not loaded yet, yielding a status
+        line every ``poll_s`` seconds until it is (see :meth:`_loading`): how long it has taken and
+        what the load last reported, e.g. "12 s · dequantizing 272 tensors of ... (first use; kept
+        in ...)". Then :meth:`model` returns it at once; a load that fails raises here."""
+        name = (name or self.default_model).strip()
+        yield from self._loading(name, self._models, self._model_loader(name), poll_s)
+
+    def _model_loader(self, name: str):
+        def progress(message: str) -> None:  # called from the load's thread: the latest message is kept
+            self.load_messages[name] = message
 
         def load():
-            lm = load_role(name, self.device, self.servers.get(name))
+            lm = load_role(name, self.device, self.servers.get(name), progress=progress)
             if isinstance(lm, LoadedModel):
+                self.load_messages[name] = "loaded; running a first forward"
                 lm.warm_up()  # in process: the first forward's one-off costs, before any timed run
                 lm.max_cache_bytes = self.max_cache_bytes
             return lm
 
-        return self._loaded(name, self._models, load)
+        return load
 
     @staticmethod
     def _kind(lm, method: str, cfg) -> tuple:
