@@ -56,12 +56,18 @@ PRESETS: dict[str, Preset] = {
 # chains of thought run to thousands of tokens, ours to a few hundred).
 RECOMMENDED: dict[str, dict] = {
     "tiny-reasoner": dict(draft_start=20, max_think=600, max_draft=400, max_answer=400, draft_confidence=0.5),
+    # the registry's real models (engine.runtime.gguf.REGISTRY): budgets a 135M / 270M model uses on a CPU
+    "smollm2-135m-instruct": dict(draft_start=32, max_think=256, max_draft=256, max_answer=256),
+    "gemma-3-270m": dict(max_answer=256),
 }
 
 
 # Where a recommended value came from, for the studio to say (values not listed: RunConfig's own
 # defaults, whose comments cite their source).
 PROVENANCE: dict[str, dict[str, str]] = {
+    "smollm2-135m-instruct": {k: "chosen, not tuned: SmolLM2-135M's prompted reasoning runs to tens of tokens, and the "
+                                 "paper's 2000/1024 take minutes a run on a CPU" for k in ("draft_start", "max_think",
+                                                                                           "max_answer")},
     "tiny-reasoner": {
         "draft_confidence": "calibrated on 200 held-out arithmetic prompts with the bundled draft and PRM",
     },

@@ -135,7 +135,8 @@ def chat_prompt_ids(tok, markers: ThinkMarkers | None, user_text: str) -> list[i
                                            add_generation_prompt=True, tokenize=False, enable_thinking=True)
     else:
         text = user_text + "\n"
-    ids = tok.encode(text, add_special_tokens=False)
+    # a template writes the special tokens it wants; raw text gets the tokenizer's own (a base model's <bos>)
+    ids = tok.encode(text, add_special_tokens=not getattr(tok, "chat_template", None))
     if markers is not None and markers.open_ids and not _ends_with_open(ids, markers.open_ids):
         ids = ids + list(markers.open_ids)
     return ids
