@@ -7,7 +7,7 @@ The CLI and the UI build a :class:`RunConfig` and never restate its defaults; in
 500
 >>> RunConfig(draft_start=500, max_think=400).check_ssr()
 Traceback (most recent call last):
-ValueError: draft_start=500 must be < max_think (400)
+ValueError: Draft start (draft_start) must be a whole number in 0..399 (below Max think 400); got 500
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from engine.methods.rsd.acceptance import check_params
+from engine.methods.rsd.acceptance import WEIGHTINGS
 from engine.runtime.compiled import COMPILE_MODES
 from engine.runtime.fixed import ROUTES as EXACT_ROUTES
 
@@ -65,34 +65,15 @@ class RunConfig:
     compile: str = "auto"  # compiled fixed-shape steps (engine.runtime.compiled): auto (CUDA only), on, off
 
     def __post_init__(self) -> None:
-        for name in ("max_think", "max_answer", "max_draft", "num_drafts", "max_spec", "min_match"):
-            _require(name, getattr(self, name), 1 <= getattr(self, name) <= MAX_COUNT, f"must be in 1..{MAX_COUNT}")
-        for name in ("draft_start", "draft_interval", "think_spec"):
-            _require(name, getattr(self, name), 0 <= getattr(self, name) <= MAX_COUNT, f"must be in 0..{MAX_COUNT}")
-        _require("seed", self.seed, 0 <= self.seed <= MAX_SEED, "must be in 0..2**63-1")
-        _require("temperature", self.temperature, math.isfinite(self.temperature), "must be a finite number")
-        _require("temperature", self.temperature, 0 <= self.temperature <= MAX_TEMPERATURE,
-                 f"must be in 0..{MAX_TEMPERATURE:g}")
-        _require("top_p", self.top_p, 0 < self.top_p <= 1, "must be in (0, 1]")
-        _require("spec_factor", self.spec_factor, math.isfinite(self.spec_factor) and self.spec_factor >= 0,
-                 "must be a finite number >= 0 (0: no cap)")
-        if self.num_drafts > 1:
-            _require("draft_interval", self.draft_interval, self.draft_interval >= 1,
-                     "must be >= 1 when num_drafts > 1")
-        for name in ("max_steps", "max_step_tokens"):
-            _require(name, getattr(self, name), getattr(self, name) >= 1, "must be >= 1")
-        check_params(self.weighting, self.threshold, self.weight_param)
-        _require("draft_confidence", self.draft_confidence, 0 <= self.draft_confidence <= 1, "must be in [0, 1]")
-        _require("compile", self.compile, self.compile in COMPILE_MODES, f"must be one of {', '.join(COMPILE_MODES)}")
-        _require("exact_route", self.exact_route, self.exact_route in EXACT_ROUTES,
-                 f"must be one of {', '.join(EXACT_ROUTES)}")
-        for name in ("suffix_recovery", "context_lookup", "exact"):
-            _require(name, getattr(self, name), isinstance(getattr(self, name), bool), "must be true or false")
+        for name in self.field_names():
+            value = getattr(self, name)
+            if not _valid(name, value, self):
+                raise invalid(name, value, self)
 
     def check_ssr(self) -> RunConfig:
         """The cross-field rule SSR adds: a draft must fork inside the reasoning budget."""
-        _require("draft_start", self.draft_start, self.draft_start < self.max_think,
-                 f"must be < max_think ({self.max_think})")
+        if not self.draft_start < self.max_think:
+            raise invalid("draft_start", self.draft_start, self)
         return self
 
     @property
@@ -120,25 +101,35 @@ class RunConfig:
         return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
-    def coerce(cls, name: str, value):
+    def coerce(cls, name: str, value, context: dict | None = None):
         """``value`` (from a form or an API client: a number, a numeric string, a bool) as the type
-        of field ``name``; ValueError naming the field for anything else (NaN, 2.5 for a count...).
+        of field ``name``; ValueError naming the field for anything else (NaN, 2.5 for a count, an
+        empty box...), in :func:`invalid`'s words. ``context``: the other settings known so far
+        (a draft start's range depends on max think).
 
         >>> RunConfig.coerce("seed", "7"), RunConfig.coerce("temperature", 1)
         (7, 1.0)
+        >>> RunConfig.coerce("draft_start", "", {"max_think": 600})
+        Traceback (most recent call last):
+        ValueError: Draft start (draft_start) is empty: it must be a whole number in 0..599 (below Max think 600)
         """
         if name not in cls.field_names():
             raise ValueError(f"unknown setting {name!r}")
         kind = type(getattr(cls(), name))
+        if value is None or (isinstance(value, str) and not value.strip() and kind is not str):
+            raise ValueError(f"{LABELS[name]} ({name}) is empty: it must be {rule(name, context)}")
         if kind is bool:
             if isinstance(value, bool):
                 return value
-            raise ValueError(f"{name}={value!r} must be true or false")
+            raise invalid(name, value, context)
         if kind is str:
             if isinstance(value, str):
                 return value
-            raise ValueError(f"{name}={value!r} must be a string")
-        return number(name, value, whole=kind is int)
+            raise invalid(name, value, context)
+        try:
+            return number(name, value, whole=kind is int)
+        except ValueError:
+            raise invalid(name, value, context) from None
 
 
 def field_help() -> dict[str, str]:
@@ -177,9 +168,98 @@ def number(name: str, value, whole: bool = False) -> float | int:
     return x
 
 
-def _require(name: str, value, ok: bool, why: str) -> None:
-    if not ok:
-        raise ValueError(f"{name}={value!r} {why}")
+THRESHOLD_MAX = 2.0  # RSD's threshold: 0 keeps every draft step; above 1 (a PRM scores in [0, 1]) none
+
+# Each setting's name on screen: a message names the setting as the studio shows it and as the API
+# and the CLI spell it ("Draft start (draft_start)").
+LABELS = {"max_think": "Max think", "max_answer": "Max answer", "temperature": "Temperature", "top_p": "Top p",
+          "seed": "Seed", "draft_start": "Draft start", "max_draft": "Max draft", "num_drafts": "Number of drafts",
+          "draft_interval": "Draft interval", "max_spec": "Max spec", "think_spec": "Reasoning lookup",
+          "min_match": "Min match", "spec_factor": "Spec factor", "suffix_recovery": "Suffix recovery",
+          "context_lookup": "Context lookup", "threshold": "Threshold", "weighting": "Weighting",
+          "weight_param": "Weight parameter", "max_steps": "Max steps", "max_step_tokens": "Max step tokens",
+          "draft_confidence": "Draft doubt", "exact": "Exact mode", "exact_route": "Exact route",
+          "compile": "Compiled steps"}
+COUNTS = ("max_think", "max_answer", "max_draft", "num_drafts", "max_spec", "min_match", "max_steps", "max_step_tokens")
+CHOICES = {"weighting": WEIGHTINGS, "compile": COMPILE_MODES, "exact_route": EXACT_ROUTES}
+
+
+def _get(context, name: str):
+    """A setting from a RunConfig or a dict of the settings known so far (None: not known)."""
+    return context.get(name) if isinstance(context, dict) else getattr(context, name, None)
+
+
+def rule(name: str, context=None) -> str:
+    """What setting ``name`` takes, in words, given the other settings (``context``: a RunConfig or
+    a dict; a draft start's range depends on max think, a weight parameter's on the weighting).
+    The one statement of each range: the checks below, the messages and the studio's boxes use it."""
+    if name in COUNTS:
+        return f"a whole number in 1..{MAX_COUNT}"
+    if name == "draft_start":
+        think = _get(context, "max_think")
+        return (f"a whole number in 0..{think - 1} (below Max think {think})" if isinstance(think, int) and think >= 1
+                else "a whole number below Max think")
+    if name == "draft_interval":
+        many = (_get(context, "num_drafts") or 1) > 1
+        return f"a whole number in {1 if many else 0}..{MAX_COUNT}" + (" (Number of drafts is above 1)" if many else "")
+    if name == "think_spec":
+        return f"a whole number in 0..{MAX_COUNT} (0: one token per reasoning step)"
+    if name == "seed":
+        return f"a whole number in 0..{MAX_SEED}"
+    if name == "temperature":
+        return f"a number in 0..{MAX_TEMPERATURE:g} (0: greedy)"
+    if name == "top_p":
+        return "a number above 0, at most 1"
+    if name == "spec_factor":
+        return "a number >= 0 (0: no cap)"
+    if name == "threshold":
+        return f"a number in 0..{THRESHOLD_MAX:g} (above 1: every draft step rewritten)"
+    if name == "weight_param":
+        weighting = _get(context, "weighting")
+        return {"constant": "a probability in 0..1 (the constant rule's p)",
+                "logistic": "a number above 0 (the logistic rule's slope)"}.get(weighting, "a finite number")
+    if name == "draft_confidence":
+        return "a number in 0..1 (0: off)"
+    if name in CHOICES:
+        return f"one of {', '.join(CHOICES[name])}"
+    return "true or false"
+
+
+def _valid(name: str, value, cfg: RunConfig) -> bool:
+    """Whether ``value`` is what :func:`rule` says for ``name`` (``cfg``: the whole config)."""
+    kind = type(getattr(RunConfig, name))
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is str:
+        return isinstance(value, str) and (name not in CHOICES or value in CHOICES[name])
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    if kind is int and value != int(value):
+        return False
+    low = {"draft_interval": 1 if cfg.num_drafts > 1 else 0, "draft_start": 0, "think_spec": 0, "seed": 0}.get(
+        name, 1 if name in COUNTS else None)
+    if low is not None:
+        return low <= value <= (MAX_SEED if name == "seed" else MAX_COUNT)
+    if name == "temperature":
+        return 0 <= value <= MAX_TEMPERATURE
+    if name == "top_p":
+        return 0 < value <= 1
+    if name == "spec_factor":
+        return value >= 0
+    if name == "threshold":
+        return 0 <= value <= THRESHOLD_MAX
+    if name == "weight_param":
+        return {"constant": 0 <= value <= 1, "logistic": value > 0}.get(cfg.weighting, True)
+    if name == "draft_confidence":
+        return 0 <= value <= 1
+    return True
+
+
+def invalid(name: str, value, context=None) -> ValueError:
+    """The one message for a setting out of its range or of the wrong kind, for the studio, the
+    API and the CLI alike: "Draft start (draft_start) must be a whole number in 0..599 (below Max
+    think 600); got -1"."""
+    return ValueError(f"{LABELS[name]} ({name}) must be {rule(name, context)}; got {value!r}")
 
 
 PROMPT_ROOM = 512  # positions a fitted budget leaves the prompt (a quarter of a smaller context)

@@ -107,6 +107,9 @@ class RunStats:
     server_note: str = ""
     mean_reward_accepted: float | None = None
     mean_reward_rejected: float | None = None
+    # which budget cut the run (engine.methods.budget.budget_cut): "" it ended by itself, "reasoning" (the end of
+    # thinking forced at max_think), "answer" (stopped at max_answer), "reasoning, answer", or RSD's "response"
+    cut: str = ""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

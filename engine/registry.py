@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterator
 from functools import partial
 
 from engine.config import RunConfig
-from engine.events import Event
+from engine.events import DoneEvent, Event
 from engine.methods.baseline import decode_baseline
+from engine.methods.budget import budget_cut
 from engine.methods.peers import decode_hf
 from engine.methods.rsd.loop import RSD_METHODS, decode_rsd
 from engine.methods.rsd.writer import LocalWriter, StepWriter
@@ -60,9 +61,24 @@ def decoder(name: str, target: LoadedModel | RemoteModel, draft: LoadedModel | N
     if isinstance(target, RemoteModel) and name not in (*ON_A_SERVER, *RSD_METHODS):
         raise ValueError(f"method {name!r} runs in process only; on a vLLM server: {', '.join((*ON_A_SERVER, *RSD_METHODS))}")
     if isinstance(target, RemoteModel) and name == "ssr" and target.speculation:
-        return partial(decode_served_ssr, target)  # the server speculates from the drafts: no client-side verify
-    if isinstance(target, RemoteModel) and name in ON_A_SERVER:
-        return partial(ON_A_SERVER[name], target)
-    if name in SINGLE_MODEL:
-        return partial(SINGLE_MODEL[name], target)
-    return lambda prompt, cfg: decode_rsd(target, draft, scorer, prompt, cfg, mode=name, writer=rsd_writer)
+        run = partial(decode_served_ssr, target)  # the server speculates from the drafts: no client-side verify
+    elif isinstance(target, RemoteModel) and name in ON_A_SERVER:
+        run = partial(ON_A_SERVER[name], target)
+    elif name in SINGLE_MODEL:
+        run = partial(SINGLE_MODEL[name], target)
+    else:
+        run = partial(decode_rsd, target, draft, scorer, mode=name, writer=rsd_writer)
+    return partial(_noting_cuts, run, name, target.markers is not None)
+
+
+def _noting_cuts(run: Decoder, name: str, reasons: bool, prompt: str, cfg: RunConfig) -> Iterator[Event]:
+    """``run``'s events, its final stats saying which budget cut it (``RunStats.cut``: the one rule,
+    :func:`engine.methods.budget.budget_cut`, for every method and backend)."""
+    events = run(prompt, cfg)
+    try:
+        for ev in events:
+            if isinstance(ev, DoneEvent):
+                ev.stats.cut = budget_cut(ev.stats, cfg, rsd=name in RSD_METHODS, reasons=reasons)
+            yield ev
+    finally:
+        events.close()  # a consumer that stops early closes the run (it logs itself cancelled)

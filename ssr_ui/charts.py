@@ -13,7 +13,7 @@ import json
 import plotly.graph_objects as go
 
 from engine.benchmarks.summary import wilson
-from engine.runlog.compare import match_key, matching_baselines
+from engine.runlog.compare import match_key, matching_baselines, pool, run_time
 
 METHOD_COLORS = {"baseline": "#6b7280", "ssr": "#2563eb", "rsd": "#9333ea", "target": "#b45309",
                  "draft": "#0d9488", "hf": "#db2777", "hf-pld": "#65a30d", "hf-static": "#0891b2"}
@@ -92,14 +92,16 @@ def token_composition(rows: list[dict]) -> go.Figure:
 
 
 def speedup_vs_draft_start(rows: list[dict]) -> go.Figure:
-    """History: SSR latency ratio to the median of the logged baselines that match each run
-    (``engine.runlog.compare``: same prompt, model and settings; finished runs only)."""
+    """History: SSR latency ratio to the median of the logged baselines that match each run,
+    pooled as the strip pools them (``engine.runlog.compare``: same prompt, model and settings,
+    finished, within 30 minutes of the run; the caller leaves flagged runs out of ``rows``)."""
     import statistics
 
     xs, ys, text = [], [], []
     for r in rows:
-        base = [b["wall_s"] for b in matching_baselines(r, rows)] if r["method"] == "ssr" else []
-        if base:
+        pooled = pool(matching_baselines(r, rows), {}, run_time(r))[0] if r["method"] == "ssr" else []
+        if pooled:
+            base = [b["wall_s"] for b in pooled]
             xs.append(json.loads(r["config"]).get("draft_start"))
             ys.append(r["wall_s"] / statistics.median(base))
             text.append(f"run #{r['id']} (vs median of {len(base)} matching baselines)")

@@ -14,6 +14,7 @@ context with the run's budgets (``LoadedModel.check_fits``); every setting is va
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import statistics
@@ -27,7 +28,7 @@ from engine.presets import provenance, recommended_settings
 from engine.registry import decoder
 from engine.remote.client import BackendError
 from engine.runlog import RunLog, RunLogError, RunMeta, prompt_hash
-from engine.runlog.compare import finished, matched_on, matching_baselines
+from engine.runlog.compare import finished, matched_on, matching_baselines, pool, run_time, slow_runs
 from engine.runtime.model import LoadedModel, ModelLoadError, SSRUnsupportedError
 from engine.tools.agreement import agreement
 from engine.wiring import run_config
@@ -48,6 +49,7 @@ DEFAULT_DRAFT, DEFAULT_PRM = "tiny-reasoner-draft", "tiny-prm"
 COMPARE_SHOWS = "SSR"  # the run whose panes a finished comparison shows first
 LOAD_TIMEOUT_S = 600.0  # a model that takes longer to load is given up on (the UI says so)
 MAX_RUN_S = 900.0  # a run still going after this long is stopped (logged cancelled, shown why)
+RANGE_SETTERS = ("max_think", "num_drafts", "weighting")  # checked first: other settings' ranges depend on them
 RSD_MOSTLY_REWRITTEN = 0.5  # above this share of rejected draft steps, RSD's panes say why it is slow
 
 
@@ -77,9 +79,14 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
 
     def config(self, model_name: str, **settings) -> RunConfig:
         """The run's config: the model's recommended settings under what the user set (values as a
-        form or an API client sends them; ValueError naming the field when one is not valid)."""
-        given = {k: RunConfig.coerce(k, v) for k, v in settings.items() if v is not None}
-        return run_config(model_name or self.default_model, {"compile": self.compile, **given})
+        form or an API client sends them; ValueError naming the field and its range when one is
+        not valid, an empty box included: ``engine.config.invalid``)."""
+        model = model_name or self.default_model
+        known = run_config(model, {"compile": self.compile}).to_dict()  # what a setting's range depends on
+        given = {}
+        for name in sorted(settings, key=lambda k: k not in RANGE_SETTERS):  # a box left empty is an error too
+            given[name] = RunConfig.coerce(name, settings[name], {**known, **given})
+        return run_config(model, {"compile": self.compile, **given})
 
     # ------------------------------------------------------------------ the streaming handler
     def run(self, prompt: str, method: str = "SSR", model_name: str = "", draft_model: str = "",
@@ -119,10 +126,13 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         if "RSD" in runs:
             draft_model, prm = (draft_model or self.default_draft).strip(), (prm or self.default_prm).strip()
             yield Frame.note(f"loading the draft model {draft_model} and the PRM {prm}…")
-            for status in self.loading(draft_model):
-                yield Frame.note(f"loading the draft model {draft_model}… {status}")
-            rsd = {"draft": self.model(draft_model), "scorer": self.scorer(prm), "draft_name": draft_model,
-                   "prm_name": prm}
+            with _field("Draft model (draft_model)"):
+                for status in self.loading(draft_model):
+                    yield Frame.note(f"loading the draft model {draft_model}… {status}")
+                draft_lm = self.model(draft_model)
+            with _field("Process reward model (prm)"):
+                scorer = self.scorer(prm)
+            rsd = {"draft": draft_lm, "scorer": scorer, "draft_name": draft_model, "prm_name": prm}
             check_pair(lm, rsd["draft"])  # (models load once, by name: the pair is checked per run)
         if not self._lock.acquire(blocking=False):
             yield Frame.note("waiting for the model: another run is using it…")
@@ -137,11 +147,13 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                     yield Frame.note(f"warming up {name} on {model_name} (once per kind of run, untimed, not logged)…")
                     self.warm(lm, METHOD_NAMES[name], cfg, rsd)
                 view = TraceView(method=METHOD_NAMES[name], think_end=_think_end(lm), thinking=_thinking(lm),
-                                 exact=cfg.exact,
+                                 exact=cfg.exact, budgets=(cfg.max_think, cfg.max_answer),
                                  rule=self.rsd_rule(model_name, cfg) if name == "RSD" else None,
                                  dtypes=_dtypes(lm, rsd if name == "RSD" else {}))
                 yield from self._stream(lm, prompt, name, cfg, view, rsd, job, deadline, last=name == runs[-1])
-                finals[name] = last = self._frame(view, name, lm, prompt, cfg, final=True)
+                # a Compare's runs are measured against its own baseline run (the pair its chart shows)
+                pair = finals["Baseline"].view.done if method == "Compare" and "Baseline" in finals else None
+                finals[name] = last = self._frame(view, name, lm, prompt, cfg, final=True, pair=pair)
         finally:
             self._lock.release()
         if not finals:  # stopped before anything ran: nothing logged
@@ -206,38 +218,49 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 f"target rewrote most of them: RSD pays off only where the draft model ({rsd.get('draft_name')}) is "
                 "usually right (the bundled draft knows arithmetic prompts only)")
 
-    def _frame(self, view, name, lm, prompt, cfg, final=False, chart=None) -> Frame:
+    def _frame(self, view, name, lm, prompt, cfg, final=False, chart=None, pair=None) -> Frame:
         compare = None
         if final and name != "Baseline":
             try:
-                compare = self.compare_to_baseline(_live_row(view, METHOD_NAMES[name], lm, prompt, cfg), view.done, cfg)
+                compare = self.compare_to_baseline(_live_row(view, METHOD_NAMES[name], lm, prompt, cfg), view.done, cfg,
+                                                   pair)
             except RunLogError as err:
                 view.notice = view.notice or f"history unavailable: {err}"
         return Frame.of(view, metrics_html(view, name, compare), chart)
 
-    def compare_to_baseline(self, run: dict, done, cfg: RunConfig) -> dict | None:
-        """``run`` (a runs-table row, or :func:`_live_row` of a run just finished) against the
-        logged baseline runs that match it (``engine.runlog.compare``): ``None`` for a run that did
-        not finish; ``{"baselines": 0, "matched_on": ...}`` when none match; else the latency ratio to
-        their median, how many there were and how they match, and (greedy) whether the answer equals
-        the latest one's. ``done`` is the run's final event (its stats and texts)."""
+    def compare_to_baseline(self, run: dict, done, cfg: RunConfig, pair=None) -> dict | None:
+        """``run`` (a runs-table row, or :func:`_live_row` of a run just finished) against a baseline:
+        ``None`` for a run that did not finish. ``pair``: the baseline run a Compare made seconds
+        before (its final event): that pair is the ratio, as the Compare's chart shows it. Else the
+        logged baseline runs that match it (``engine.runlog.compare``), pooled (flagged slow ones and
+        stale ones left out: ``compare.pool``): ``{"baselines": 0, "matched_on": ...}`` when none is
+        left; else the latency ratio to their median, the pool (how many, spread, age, what it
+        left out) and how they match, and (greedy) whether the answer equals the latest one's.
+        ``done`` is the run's final event (its stats and texts)."""
         if done is None or not finished(run):
             return None
-        logged = self.log.runs(limit=200, method="baseline", prompt_hash=run["prompt_hash"], model=run["model"])
-        rows = matching_baselines(run, logged)
-        out = {"baselines": len(rows), "matched_on": matched_on(run)}
-        if not rows:
-            return out
-        out["ratio"] = done.stats.wall_s / statistics.median(r["wall_s"] for r in rows)
-        out["identical"] = done.answer_text == rows[0]["answer_text"] if cfg.greedy else None
-        flops = [r["flops"] for r in rows if r.get("flops")]
-        if done.stats.flops and flops:
-            out["flops_ratio"] = done.stats.flops / statistics.median(flops)
         lm = self._models.get(run["model"])
+        if pair is not None:
+            out = {"baselines": 1, "pair": True, "matched_on": "this comparison's own baseline run, just before",
+                   "ratio": done.stats.wall_s / pair.stats.wall_s}
+            base_answer, base_flops = pair.answer_text, [pair.stats.flops] if pair.stats.flops else []
+            base_ids = lambda: pair.reasoning_ids + pair.answer_ids  # noqa: E731
+        else:
+            kind = self.log.runs(limit=200, method="baseline", model=run["model"])  # the flag's peers: any prompt
+            rows, pooled = pool(matching_baselines(run, [r for r in kind if r["prompt_hash"] == run["prompt_hash"]]),
+                                slow_runs(kind), run_time(run))
+            out = {"baselines": len(rows), "matched_on": matched_on(run), "pool": pooled}
+            if not rows:
+                return out
+            out["ratio"] = done.stats.wall_s / statistics.median(r["wall_s"] for r in rows)
+            base_answer, base_flops = rows[0]["answer_text"], [r["flops"] for r in rows if r.get("flops")]
+            base_ids = lambda: [e.token_id for e in self.log.events(rows[0]["id"])  # noqa: E731
+                                if e.kind == "token" and e.stream in ("reasoning", "answer")]
+        out["identical"] = done.answer_text == base_answer if cfg.greedy else None
+        if done.stats.flops and base_flops:
+            out["flops_ratio"] = done.stats.flops / statistics.median(base_flops)
         if cfg.greedy and isinstance(lm, LoadedModel) and getattr(done, "reasoning_ids", None) is not None:
-            base = [e.token_id for e in self.log.events(rows[0]["id"])
-                    if e.kind == "token" and e.stream in ("reasoning", "answer")]
-            out["agreement"] = agreement(lm, run["prompt"], base, done.reasoning_ids + done.answer_ids)
+            out["agreement"] = agreement(lm, run["prompt"], base_ids(), done.reasoning_ids + done.answer_ids)
         return out
 
     def rsd_rule(self, model_name: str, cfg: RunConfig) -> str:
@@ -305,6 +328,16 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                            f'starts{in_flight}</div>'), charts.sweep_chart(points))
         except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
             yield error_html(str(err)), None
+
+@contextlib.contextmanager
+def _field(name: str) -> Iterator[None]:
+    """A model that will not load, named by the field that asked for it ("Process reward model
+    (prm): model folder 'nope' does not exist ...")."""
+    try:
+        yield
+    except ModelLoadError as err:
+        raise ModelLoadError(f"{name}: {err}") from None
+
 
 def _device(lm) -> str:
     """Where a model runs, as the run log records it: "cpu", "cuda:0", or its server's URL."""

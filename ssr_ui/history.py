@@ -10,7 +10,7 @@ from pathlib import Path
 from engine.config import RunConfig, number
 from engine.events import RunStats
 from engine.runlog import prompt_hash
-from engine.runlog.compare import finished
+from engine.runlog.compare import finished, slow_runs
 from ssr_ui.export import logged_view
 from ssr_ui.frame import Frame
 from ssr_ui.jobs import json_object
@@ -22,9 +22,12 @@ class PastRuns:
     a replayed run's ratio to its baselines comes from ``self.compare_to_baseline``, as live."""
 
     def history(self, method: str = "all", limit: int = 200, dataset: str = "all") -> list[dict]:
-        """Newest runs first, of ``method`` and ``dataset`` ("all": any)."""
+        """Newest runs first, of ``method`` and ``dataset`` ("all": any), each with ``flag``: why
+        its timing is an outlier for its kind, or "" (``engine.runlog.compare.slow_runs``)."""
         filters = {k: v for k, v in (("method", method), ("dataset", dataset)) if v not in ("", "all", None)}
-        return self.log.runs(limit=limit, **filters)
+        rows = self.log.runs(limit=limit, **filters)
+        slow = slow_runs(rows)
+        return [{**r, "flag": slow.get(r["id"], "")} for r in rows]
 
     def export(self, run_id: int | None, kind: str, method: str = "all", dataset: str = "all") -> str:
         """Write run ``run_id`` (``kind`` "json" or "html") or the runs table ("csv", the runs of

@@ -12,17 +12,19 @@ sending "abc", NaN or 10**30 gets a message naming the field, not Gradio's gener
 from __future__ import annotations
 
 import functools
+import html
 from functools import partial
 
 import gradio as gr
 
 from engine.benchmarks.problems import BUNDLED_SETS, TASKS
 from engine.benchmarks.problems import PRESETS as DATASET_PRESETS
-from engine.config import MAX_SEED, MAX_TEMPERATURE
+from engine.config import LABELS, number, rule
 from engine.methods.rsd.acceptance import WEIGHTINGS
 from engine.presets import BUNDLED, PRESETS
 from engine.registry import METHODS
 from engine.runlog import RunLogError
+from engine.runlog.compare import SLOW_FACTOR
 from engine.runtime.compiled import COMPILE_MODES
 from engine.runtime.fixed import ROUTES as EXACT_ROUTES
 from engine.runtime.fixed import SHAPE as FIXED_SHAPE
@@ -49,7 +51,7 @@ HISTORY_COLUMNS = {"id": "id", "created_at": "when (UTC)", "method": "method", "
                    "wall_s": "latency s", "ttft_s": "first answer s", "reasoning_tokens": "reasoning",
                    "answer_tokens": "answer", "accepted": "accepted", "recovered": "recovered",
                    "generated": "generated", "rejected": "rejected", "tokens_per_s": "tokens/s", "dataset": "dataset", "correct": "correct",
-                   "prompt": "prompt"}
+                   "flag": "flag", "prompt": "prompt"}
 PRIVATE = dict(api_visibility="private")  # UI plumbing, not part of the API
 
 
@@ -160,7 +162,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                 sweep_plot = gr.Plot(label="Sweep")
             with gr.Accordion("SSR settings", open=False):
                 with gr.Row():
-                    max_think = _as_sent(gr.Number(value=cfg.max_think, precision=0, label="Max think"))
+                    max_think = _as_sent(gr.Number(value=cfg.max_think, precision=0, label="Max think", elem_id="max-think"))
                     max_draft = _as_sent(gr.Number(value=cfg.max_draft, precision=0, label="Max draft"))
                     max_answer = _as_sent(gr.Number(value=cfg.max_answer, precision=0, label="Max answer"))
                 with gr.Row():
@@ -172,11 +174,12 @@ def build_app(studio: Studio) -> gr.Blocks:
                         value=cfg.think_spec, precision=0, label="Reasoning lookup",
                         info="lookup tokens each row may verify per reasoning step (0: one token per step, as in the paper)"))
                 with gr.Row():
-                    temperature = _as_sent(gr.Slider(0, MAX_TEMPERATURE, value=cfg.temperature, step=0.05,
-                                                     label="Temperature (0 = greedy)"))
+                    # number boxes, not sliders: a slider's box clamps what is typed (5 became 2)
+                    temperature = _as_sent(gr.Number(value=cfg.temperature, label="Temperature",
+                                                     info=rule("temperature"), elem_id="temperature"))
                     # a text box: a browser's number holds 2**53 exactly at most, a seed goes to 2**63 - 1
                     seed = _as_sent(gr.Textbox(value=str(cfg.seed), label="Seed", max_lines=1,
-                                               info=f"a whole number in 0..{MAX_SEED}"))
+                                               info=rule("seed")))
                     exact = gr.Checkbox(value=cfg.exact, label="Exact mode",
                                         info="batch- and width-invariant forwards: bitwise the same answer, slower")
                     exact_route = gr.Radio(list(EXACT_ROUTES), value=cfg.exact_route, label="Exact route",
@@ -192,8 +195,9 @@ def build_app(studio: Studio) -> gr.Blocks:
                     prm = gr.Textbox(value=studio.default_prm, label="Process reward model",
                                      info="math-shepherd format, or 'target-likelihood' (no PRM)")
                 with gr.Row():
-                    threshold = _as_sent(gr.Slider(0, 1.05, value=cfg.threshold, step=0.05,
-                                                   label="Threshold (binary rule)"))
+                    threshold = _as_sent(gr.Number(value=cfg.threshold, label="Threshold", elem_id="threshold",
+                                                   info=f"binary rule: keep a draft step scored at least this; "
+                                                        f"{rule('threshold')}"))
                     weighting = gr.Dropdown(list(WEIGHTINGS), value=cfg.weighting, label="Weighting")
                     weight_param = _as_sent(gr.Number(value=cfg.weight_param,
                                                       label="Weight parameter (constant p, logistic a)"))
@@ -276,7 +280,12 @@ def build_app(studio: Studio) -> gr.Blocks:
                 method_filter = gr.Dropdown(["all", *METHODS], value="all", label="Method")
                 dataset_filter = gr.Dropdown(["all"], value="all", label="Dataset", allow_custom_value=True,
                                              info="runs of one benchmark's dataset")
+                hide_slow = gr.Checkbox(value=True, label="Leave out runs flagged slow", elem_id="hide-slow",
+                                        info=f"a run over {SLOW_FACTOR:g}x its kind's median time per forward "
+                                             "(busy machine, cold start): out of the table, the charts and the "
+                                             "pooled baselines")
                 refresh = gr.Button("Refresh")
+            history_note = gr.HTML("", elem_id="history-note")
             table = gr.Dataframe(headers=list(HISTORY_COLUMNS.values()), interactive=False, wrap=False,
                                  elem_classes="history-table", label="runs")
             with gr.Row():
@@ -300,11 +309,19 @@ def build_app(studio: Studio) -> gr.Blocks:
                 with gr.Column():
                     gr.Markdown("**Final answer**")
                     h_answer = gr.HTML(label="answer")
-            with gr.Row():
-                c_latency, c_tokens = gr.Plot(label="latency by method"), gr.Plot(label="answer tokens")
-            with gr.Row():
-                c_speedup, c_rsd = gr.Plot(label="SSR vs draft start"), gr.Plot(label="RSD vs threshold")
-            c_accuracy = gr.Plot(label="accuracy by method")
+            with gr.Row(equal_height=False):  # each chart keeps a readable width: on a narrow screen they stack
+                with gr.Column(min_width=480):
+                    c_latency = gr.Plot(label="latency by method")
+                with gr.Column(min_width=480):
+                    c_tokens = gr.Plot(label="answer tokens")
+            with gr.Row(equal_height=False):
+                with gr.Column(min_width=480):
+                    c_speedup = gr.Plot(label="SSR vs draft start")
+                with gr.Column(min_width=480):
+                    c_rsd = gr.Plot(label="RSD vs threshold")
+            with gr.Row(equal_height=False):
+                with gr.Column(min_width=480):
+                    c_accuracy = gr.Plot(label="accuracy by method")
 
         # ------------------------------------------------------------------ wiring: runs
         # The run's settings, written once: the API's parameters (names, order, defaults) and the
@@ -404,42 +421,63 @@ def build_app(studio: Studio) -> gr.Blocks:
             concurrency_limit=RUN_CONCURRENCY, show_progress="minimal", show_progress_on=[b_status])
         bench_stop.click(stop, None, None, queue=False, **PRIVATE)
 
-        def model_settings(name, think):
-            """The draft-start box states the model's reasoning budget (its tuned one, if any)."""
-            try:
-                c = studio.config(name, max_think=think)
-            except ValueError:
-                return gr.update()
-            return gr.update(value=min(c.draft_start, c.max_think - 1), info=_draft_start_info(c.max_think))
+        def think_changed(think, start):
+            """Max think moved: the draft-start box's range follows it; its value stays unless it
+            falls out of range, and then a notice says what it became (nothing changes silently)."""
+            think, start = _whole(think), _whole(start)
+            if think is None or think < 1:
+                return gr.update()  # the run names the bad Max think
+            info = _draft_start_info(think)
+            if start is not None and not 0 <= start < think:
+                gr.Info(f"Draft start {start} -> {think - 1}: it must stay below Max think ({think})")
+                return gr.update(value=think - 1, info=info)
+            return gr.update(info=info)
 
-        def model_budgets(name):
+        def model_budgets(name, *shown):
+            """Another model: its recommended budgets and draft start (its presets, fitted to its
+            context) replace those on screen, and a notice lists what changed."""
             try:
                 c = studio.config(name)
             except ValueError:
-                return gr.update(), gr.update(), gr.update()
-            return c.max_think, c.max_draft, c.max_answer
+                return tuple(gr.update() for _ in shown)
+            fields = ("max_think", "max_draft", "max_answer", "draft_start")
+            new = [getattr(c, f) for f in fields]
+            changed = [f"{LABELS[f]} {_whole(old)} -> {value}" for f, old, value in zip(fields, shown, new, strict=True)
+                       if _whole(old) != value]
+            if changed:
+                gr.Info(f"{name}'s recommended settings: " + ", ".join(changed))
+            return (*new[:3], gr.update(value=new[3], info=_draft_start_info(c.max_think)))
 
-        model.change(model_budgets, [model], [max_think, max_draft, max_answer], **PRIVATE)
-        max_think.change(model_settings, [model, max_think], [draft_start], **PRIVATE)
+        budget_boxes = [max_think, max_draft, max_answer, draft_start]
+        model.change(model_budgets, [model, *budget_boxes], budget_boxes, **PRIVATE)
+        max_think.input(think_changed, [max_think, draft_start], [draft_start], **PRIVATE)
 
         # ------------------------------------------------------------------ wiring: history
-        def load_history(method_name, dataset_name="all"):
+        def load_history(method_name, dataset_name="all", leave_out_slow=True):
             try:
                 rows = studio.history(method_name, dataset=dataset_name)
                 names = studio.log.datasets()
             except RunLogError as err:  # the log cannot be read now: keep what History shows, and say why
                 gr.Warning(f"History not refreshed: {err}")
                 return tuple(gr.update() for _ in history_outputs)
+            flagged = sum(bool(r["flag"]) for r in rows)
+            if leave_out_slow:
+                rows = [r for r in rows if not r["flag"]]
+            note = (f"{flagged} run{'s' if flagged != 1 else ''} flagged slow "
+                    f"{'left out of the table and the charts' if leave_out_slow else 'shown (marked in the flag column)'}"
+                    if flagged else "no run flagged slow")
             table_rows = [[_cell(c, r.get(c)) for c in HISTORY_COLUMNS] for r in rows]
             picked = dataset_name if dataset_name in names else "all"
             return (table_rows, charts.latency_by_method(rows), charts.token_composition(rows),
                     charts.speedup_vs_draft_start(rows), charts.rsd_by_threshold(rows), charts.accuracy_by_method(rows),
-                    gr.update(choices=["all", *names], value=picked))
+                    gr.update(choices=["all", *names], value=picked),
+                    f'<div class="metrics status">{html.escape(note)}</div>')
 
-        history_outputs = [table, c_latency, c_tokens, c_speedup, c_rsd, c_accuracy, dataset_filter]
-        history_inputs = [method_filter, dataset_filter]
+        history_outputs = [table, c_latency, c_tokens, c_speedup, c_rsd, c_accuracy, dataset_filter, history_note]
+        history_inputs = [method_filter, dataset_filter, hide_slow]
         refresh.click(load_history, history_inputs, history_outputs, api_name="history")
         method_filter.change(load_history, history_inputs, history_outputs, **PRIVATE)
+        hide_slow.input(load_history, history_inputs, history_outputs, **PRIVATE)
         dataset_filter.input(load_history, history_inputs, history_outputs, **PRIVATE)
         history_tab.select(load_history, history_inputs, history_outputs, **PRIVATE)
         demo.load(load_history, history_inputs, history_outputs, **PRIVATE)
@@ -477,12 +515,23 @@ def build_app(studio: Studio) -> gr.Blocks:
 
 
 def _draft_start_info(max_think: int) -> str:
-    """The draft-start box's range. A typed value is sent as typed and checked by the run
-    (``RunConfig.check_ssr``), never clamped: a slider would send 599 while showing 700."""
-    return f"where the draft forks: a whole number in 0..{max_think - 1} (below max think)"
+    """The draft-start box's range, in the words of the run's own check (``engine.config.rule``).
+    A typed value is sent as typed and checked by the run, never clamped: a slider would send 599
+    while showing 700."""
+    return f"where the draft forks: {rule('draft_start', {'max_think': max_think})}"
+
+
+def _whole(value) -> int | None:
+    """A box's value as a whole number, or None (empty, or not a whole number: the run says why)."""
+    try:
+        return int(number("value", value, whole=True))
+    except ValueError:
+        return None
 
 
 def _cell(column: str, value):
+    if column == "flag":
+        return str(value or "").split(" the median")[0]  # "slow: 3.1x" (the whole reason: compare.slow_runs)
     if column == "correct":
         return {1: "✓", 0: "✗"}.get(value, "")
     if column == "created_at" and isinstance(value, str):

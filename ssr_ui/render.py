@@ -94,6 +94,7 @@ class TraceView:
     dtypes: str | None = None  # what precision each model runs in
     notice: str | None = None  # something the user must know about this run (e.g. "not saved: ...")
     compiled_shapes: tuple[int, int] | None = None  # while compiling: step shapes done, of how many
+    budgets: tuple[int, int] | None = None  # (max_think, max_answer) of the run: a cut is shown while it streams
     _next_step_at: tuple[str, int] = ("reasoning", 0)  # where the next kept step begins
     tally: TokenTally = field(default_factory=lambda: TokenTally(RunStats()), repr=False, compare=False)
 
@@ -197,7 +198,12 @@ class TraceView:
             how = (f"the marker written as text over {len(marker)} tokens (prompted reasoning)" if len(marker) > 1
                    or self.thinking == "prompted" else "the end-of-thinking token")
             tip = f"end of thinking: {how}; {'ids' if len(marker) > 1 else 'id'} {' '.join(map(str, marker))}"
-            badge = f'<span class="think-end" title="{html.escape(tip)}">end of thinking</span>'
+            if "reasoning" in self.cut:  # the budget closed it, not the model: said on the badge itself
+                tip = (f"cut at Max think ({len(self.reasoning)} tokens): the model was still reasoning, so the end of "
+                       f"thinking was forced here; {tip}")
+                badge = f'<span class="think-end cut" title="{html.escape(tip)}">cut at Max think</span>'
+            else:
+                badge = f'<span class="think-end" title="{html.escape(tip)}">end of thinking</span>'
             spans.append(tok.span(visible, badge + html.escape(tok.text[close[1] - begin:])))
         for d, at, shown in forks:
             if shown >= len(self.reasoning):
@@ -236,8 +242,17 @@ class TraceView:
                 return _pane([], "No draft was written: the reasoning ended before the draft-start token.")
             return _pane([], "No draft yet: a draft forks at the draft-start token of the reasoning.")
         which = max(self.drafts) if which is None or which not in self.drafts else which
-        head = f'<div class="pane-note">draft {which} · forked after {self.draft_forks.get(which, 0)} reasoning tokens</div>'
-        return head + _pane(_trimmed(self.drafts[which]), "The draft is starting.")
+        fork = self.draft_forks.get(which, 0)
+        head = f'<div class="pane-note">draft {which} · forked after {fork} reasoning tokens</div>'
+        empty = "The draft is starting."
+        if self.finished and not any(t.text.strip() for t in self.drafts[which]):  # say why there is nothing to show
+            left = max(len(self.reasoning) - fork, 0)
+            empty = (f"This draft wrote {'nothing' if not self.drafts[which] else 'only blank lines'}: the reasoning "
+                     f"ended {left} token{'s' if left != 1 else ''} after it forked"
+                     + (" (cut at Max think)" if "reasoning" in self.cut else "")
+                     + ", and a draft writes only while the reasoning runs.")
+            return head + _pane([], empty)
+        return head + _pane(_trimmed(self.drafts[which]), empty)
 
     def answer_html(self) -> str:
         spans, shown = [], _trimmed(self.answer)
@@ -246,8 +261,38 @@ class TraceView:
             spans.append(span)
         if self.phase == "stopped":
             return _pane(spans, "Stopped before the answer.")
-        return _pane(spans, "The answer appears here." if self.thinking == "none" else
+        pane = _pane(spans, "The answer appears here." if self.thinking == "none" else
                      "The answer appears when the reasoning ends.")
+        cut = [p.strip() for p in self.cut.split(",")]
+        if "answer" in cut or "response" in cut:
+            what = "Max answer" if "answer" in cut else "Max think + Max answer (RSD's budget)"
+            return pane + (f'<div class="pane-note cut">⚠ cut at {what}: the model had not finished, so this answer '
+                           'may be incomplete</div>')
+        if "reasoning" in cut:
+            return pane + ('<div class="pane-note cut">⚠ written after a reasoning cut at Max think: the model had not '
+                           'finished thinking</div>')
+        return pane
+
+    @property
+    def cut(self) -> str:
+        """Which budget cut the run (``RunStats.cut``, ``engine.methods.budget.budget_cut``): from its
+        final stats once it has them, else from the counts so far and :attr:`budgets`."""
+        if self.stats is not None:
+            return self.stats.cut or ""
+        if self.budgets is None:
+            return ""
+        think, answer = self.budgets
+        closed = self._close() is not None
+        cut = [part for part, hit in (("reasoning", closed and len(self.reasoning) >= think),
+                                      ("answer", len(self.answer) >= answer)) if hit]
+        return ", ".join(cut)
+
+    def cut_words(self) -> str:
+        """The cut in words, for the strip and the panes ("" when the run ended by itself)."""
+        parts = [p.strip() for p in self.cut.split(",") if p.strip()]
+        words = {"reasoning": "the reasoning at Max think", "answer": "the answer at Max answer",
+                 "response": "the response at Max think + Max answer (RSD's budget)"}
+        return " and ".join(words.get(p, p) for p in parts)
 
     @property
     def finished(self) -> bool:
@@ -322,9 +367,12 @@ TERMS = {
     "FLOPs": "2 x parameters x tokens processed, summed over every model the run used",
     "steps kept": "RSD: draft steps the PRM accepted",
     "steps rewritten": "RSD: draft steps the PRM rejected, which the target then wrote itself",
-    "vs baseline": "this run's latency over the median of the logged baseline runs that match it on every "
-                   "setting that changes the output or the speed",
+    "vs baseline": "this run's latency over its baseline's: in a Compare, the baseline run it made just before; "
+                   "else the median of the logged baseline runs that match it on every setting that changes the "
+                   "output or the speed, taken within 30 minutes of this run (else the newest alone), runs flagged slow left out",
     "rule": "RSD's acceptance rule as run, and where each number came from",
+    "cut by budget": "a budget, not the model, ended this part: the reasoning reached Max think (the end of thinking "
+                     "was forced) or the answer reached Max answer before the model ended it",
     "precision": "the dtype of each model the run used",
     "server speculation": "the server's own speculative method (declared with --server-speculation) and what its "
                           "per-request metrics reported; green answer tokens are the ones it accepted",
@@ -332,7 +380,7 @@ TERMS = {
               "verify requests",
 }
 THINKING = {"prompted": "prompted (&lt;/think&gt; as text)", "none": "none (a base model: all answer)"}
-LONG_CELLS = {"rule", "vs baseline", "precision", "phase", "same as baseline", "server speculation"}  # cells whose value may wrap
+LONG_CELLS = {"rule", "vs baseline", "precision", "phase", "same as baseline", "server speculation", "cut by budget"}  # cells whose value may wrap
 
 
 def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> str:
@@ -389,11 +437,12 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
     if view.stats and view.stats.rejected_lookup:
         items.append(("lookup misses", str(view.stats.rejected_lookup)))
     if compare is not None and not compare.get("baselines"):
-        items.append(("vs baseline", "no baseline run with these settings yet: run Baseline with them"))
+        left = _left_out(compare.get("pool") or {})
+        items.append(("vs baseline", "no baseline run with these settings yet: run Baseline with them" if not left
+                      else f"no steady baseline run with these settings: {left}"))
     elif compare:
-        n = compare["baselines"]
-        which = f" (median of {n}) · {n} matching baseline runs" if n > 1 else " · 1 matching baseline run"
-        items.append(("vs baseline", f"{compare['ratio']:.2f}x latency{which}: {html.escape(compare['matched_on'])}"))
+        items.append(("vs baseline", f"{compare['ratio']:.2f}x latency{_pooled(compare)}: "
+                                     f"{html.escape(compare['matched_on'])}"))
         if compare.get("agreement") is not None:
             a = compare["agreement"]
             items.append(("same as baseline", "✔ identical" if a.identical else f"✘ {html.escape(str(a))}"))
@@ -402,6 +451,8 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
     elif view.phase in ("stopped", "error") and view.method not in ("", "baseline"):
         ended = "was stopped" if view.phase == "stopped" else "failed"
         items.append(("vs baseline", f"none: a run that {ended} is not compared"))
+    if view.cut:
+        items.insert(2, ("cut by budget", html.escape(view.cut_words())))
     if view.thinking in THINKING:  # next to the method: how this model's reasoning is told apart
         items.insert(1, ("thinking", THINKING[view.thinking]))
     cells = "".join(f'<div class="metric{" long" if k in LONG_CELLS else ""}"><div class="k"'
@@ -409,6 +460,36 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
                     for k, v in items)
     note = f'<div class="metrics-notice">⚠ {html.escape(view.notice)}</div>' if view.notice else ""
     return f'<div class="strip"><div class="metrics">{cells}</div>{note}</div>'
+
+
+def _pooled(compare: dict) -> str:
+    """How a ratio's baseline was made: a Compare's own pair, or the logged pool (how many runs,
+    their spread and age, and what the pool left out: ``engine.runlog.compare.pool``)."""
+    if compare.get("pair"):
+        return ""
+    p = compare.get("pool") or {}
+    n = compare["baselines"]
+    spread = f", {p['spread'][0]:.2f}-{p['spread'][1]:.2f} s" if n > 1 and p.get("spread") else ""
+    ages = p.get("ages")
+    age = (f", {_age(ages[0])} old" if n == 1 else f", {_age(ages[0])} to {_age(ages[1])} old") if ages else ""
+    left = _left_out(p)
+    which = f" (median of {n} baseline runs{spread}{age})" if n > 1 else f" (1 baseline run{age})"
+    return which + (f"; {left}" if left else "")
+
+
+def _left_out(pool: dict) -> str:
+    """What a pooled baseline left out, in words ("" when nothing)."""
+    parts = [f"{pool[k]} {why}" for k, why in (("left_slow", "flagged slow"), ("left_old", "more than 30 min from this run"))
+             if pool.get(k)]
+    return f"left out {' and '.join(parts)}" if parts else ""
+
+
+def _age(seconds: float) -> str:
+    """A run's age in words: "40 s", "12 min", "3 h", "2 d"."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{max(seconds, 0):.0f} s"
 
 
 def si(x: float) -> str:

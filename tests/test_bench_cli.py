@@ -72,8 +72,8 @@ def test_hf_peer_splits_at_the_marker_and_matches_baseline(model_dir, prompts, t
 
 @pytest.mark.parametrize("args, message", [
     (["--methods", "baseline,warp"], "unknown method 'warp'"),
-    (["--max-think", "0"], "max_think=0"),
-    (["--draft-start", "5000"], "draft_start=5000 must be < max_think"),
+    (["--max-think", "0"], "Max think (max_think) must be a whole number in 1..1000000; got 0"),
+    (["--draft-start", "5000"], "Draft start (draft_start) must be a whole number in 0.."),
     (["--repeat", "0"], "--repeat=0"),
 ])
 def test_bad_arguments_fail_cleanly(model_dir, prompts, tmp_path, capsys, args, message):
@@ -179,7 +179,7 @@ def test_bench_rsd_bad_input(rsd_dirs, prompts, tmp_path, capsys):
     base = ["--model", rsd_dirs["target"], "--prompts", str(prompts), "--out", str(tmp_path / "o.json")]
     assert bench.main(base + ["--methods", "rsd", "--draft-model", rsd_dirs["draft"], "--prm", rsd_dirs["prm"],
                               "--weighting", "logistic", "--weight-param", "-1"]) == 2
-    assert "must be > 0" in capsys.readouterr().err
+    assert "must be a number above 0 (the logistic rule's slope); got -1.0" in capsys.readouterr().err
     assert bench.main(base + ["--methods", "rsd", "--draft-model", str(tmp_path / "none")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
@@ -310,3 +310,6 @@ def test_live_progress_counts_tokens_and_throttles():
     for i in range(50):
         throttled("a r0 hf", tok("reasoning", i))
     assert len(throttled.stream.getvalue().splitlines()) == 1 and throttled.tokens == 50
+    warming = bench.LiveProgress(stream=io.StringIO(), interval=0.0)  # before the timed runs: no total yet
+    warming("a r0 ssr", tok("reasoning", 0))
+    assert warming.stream.getvalue().splitlines()[-1] == "warm-up (untimed) a r0 ssr: 1 tokens so far"

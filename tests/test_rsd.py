@@ -243,5 +243,5 @@ def test_steps_carry_the_drafts_confidence_into_the_log(tmp_path):
     steps = [e for e in events if e.kind == "step" and e.source == "draft"]
     assert steps and all(e.confidence is not None for e in steps)
     assert log.events(log.runs()[0]["id"]) == events[:-1]
-    with pytest.raises(ValueError, match="draft_confidence=1.5 must be in"):
+    with pytest.raises(ValueError, match=r"Draft doubt \(draft_confidence\) must be a number in 0..1 \(0: off\); got 1.5"):
         RunConfig(draft_confidence=1.5)

@@ -240,7 +240,7 @@ def test_the_compile_choice():
     assert "recurrent" in compile_reason("on", cpu, True, False)
     with pytest.raises(ValueError, match="compile must be one of auto, on, off"):
         compile_reason("fast", cpu, False, False)
-    with pytest.raises(ValueError, match="compile='yes' must be one of auto, on, off"):
+    with pytest.raises(ValueError, match="Compiled steps \\(compile\\) must be one of auto, on, off; got 'yes'"):
         RunConfig(compile="yes")
     assert [bucket(w) for w in (1, 2, 3, 5, 9, 17, 33, 64, 65)] == [1, 2, 4, 8, 16, 32, 64, 64, None]
 

@@ -5,11 +5,12 @@ Each test failed on the code before the fix; plain handlers on tiny models, no s
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 import pytest
 
-from engine.config import MAX_SEED, MAX_TEMPERATURE, RunConfig
+from engine.config import MAX_SEED, MAX_TEMPERATURE, RunConfig, rule
 from engine.runlog import RunMeta
 from engine.runlog.compare import match_key, matching_baselines
 from ssr_ui import charts
@@ -35,7 +36,7 @@ def test_trust_a_cancelled_run_gets_no_ratio_and_no_verdict_in_history(studio):
     # partial answer with the baseline's ("same answer ✘ differs"), as the live strip never would
     assert "x latency" not in metrics and "same answer" not in metrics
     assert "none: a run that was stopped is not compared" in metrics
-    assert "1 matching baseline run" in studio.replay(ssr["id"]).metrics  # the finished one still is
+    assert "(1 baseline run, " in studio.replay(ssr["id"]).metrics  # the finished one still is
 
 
 def test_trust_a_cancelled_baseline_is_no_baseline(studio):
@@ -44,7 +45,7 @@ def test_trust_a_cancelled_baseline_is_no_baseline(studio):
     for status in ("cancelled", "error"):
         studio.log.save(RunMeta("baseline", base["model"], base["prompt"], RunConfig(**SMALL).to_dict(),
                                 device=base["device"], dtype=base.get("dtype")), studio.log.events(base["id"])[:3], status)
-    assert "· 1 matching baseline run" in _strip(studio, "SSR")  # the one that finished, not three
+    assert "x latency (1 baseline run, " in _strip(studio, "SSR")  # the one that finished, not three
     rows = studio.history()
     assert [b["id"] for b in matching_baselines(rows[0], rows)] == [base["id"]]
     assert matching_baselines({**rows[0], "status": "cancelled"}, rows) == []
@@ -59,7 +60,7 @@ def test_trust_vs_baseline_needs_a_baseline_with_the_same_settings(studio):
     assert "no baseline run with these settings" in _strip(studio, "SSR", max_answer=9)
     _strip(studio, "Baseline", exact=True)
     strip = _strip(studio, "SSR", exact=True, seed=7)  # greedy: the seed changes nothing, so it is not matched
-    assert "x latency · 1 matching baseline run: same model, settings (greedy: any seed)" in strip
+    assert re.search(r"x latency \(1 baseline run, \d+ s old\): same model, settings \(greedy: any seed\)", strip)
     assert "same answer" in strip
 
 
@@ -69,7 +70,7 @@ def test_trust_sampled_runs_match_on_temperature_top_p_and_seed(studio):
         _strip(studio, "Baseline", **sampled, seed=1)
     _strip(studio, "Baseline", temperature=1.5, seed=1)
     assert "no baseline run with these settings" in _strip(studio, "SSR", **sampled, seed=2)
-    assert "(median of 2) · 2 matching baseline runs: same model, settings, seed" in _strip(studio, "SSR", **sampled,
+    assert "(median of 2 baseline runs, " in _strip(studio, "SSR", **sampled,
                                                                                              seed=1)
 
 
@@ -114,13 +115,18 @@ def test_trust_the_largest_seed_reaches_the_run_exactly(studio):
     assert studio.config("tiny", seed=" 42 ").seed == 42 and studio.config("tiny", seed="1e3").seed == 1000
     _strip(studio, "Baseline", temperature=0.5, seed=str(MAX_SEED))
     assert studio.log.runs(limit=1)[0]["config"].count(f'"seed": {MAX_SEED}') == 1
-    with pytest.raises(ValueError, match=r"seed=9223372036854775808 must be in 0..2\*\*63-1"):
+    with pytest.raises(ValueError, match=r"Seed \(seed\) must be a whole number in 0..9223372036854775807; got 9223372036854775808"):
         studio.config("tiny", seed=str(MAX_SEED + 1))
 
 
 @pytest.mark.parametrize("value, message", [
-    ("700", "draft_start=700 must be < max_think (600)"), ("-5", "draft_start=-5 must be in 0..1000000"),
-    ("1e3", "draft_start=1000 must be < max_think (600)"), ("2.5", "draft_start='2.5' must be a whole number"),
+    # one message shape whatever is wrong (issue 34: "-1" and "600" used to get two different ranges)
+    ("700", "Draft start (draft_start) must be a whole number in 0..599 (below Max think 600); got 700"),
+    ("-5", "Draft start (draft_start) must be a whole number in 0..599 (below Max think 600); got -5"),
+    ("1e3", "Draft start (draft_start) must be a whole number in 0..599 (below Max think 600); got 1000"),
+    ("2.5", "Draft start (draft_start) must be a whole number in 0..599 (below Max think 600); got '2.5'"),
+    ("", "Draft start (draft_start) is empty: it must be a whole number in 0..599 (below Max think 600)"),
+    (None, "Draft start (draft_start) is empty: it must be a whole number in 0..599 (below Max think 600)"),
 ])
 def test_trust_typed_draft_starts_are_refused_by_name(studio, value, message):
     import html
@@ -130,8 +136,8 @@ def test_trust_typed_draft_starts_are_refused_by_name(studio, value, message):
 
 def test_trust_the_ui_sends_typed_numbers_as_typed_and_shares_the_api_ranges(studio):
     """A slider clamps what is typed into it before sending (700 shown, 599 run); a browser number
-    holds no 19-digit seed. The draft start is a number box, the seed a text box, and the
-    temperature slider spans exactly what the API accepts."""
+    holds no 19-digit seed. The draft start, the temperature and the threshold are number boxes
+    (a slider's box clamped 5 to 2), the seed a text box; each box states the API's range."""
     import gradio as gr
 
     from ssr_ui.layout import build_app
@@ -142,9 +148,11 @@ def test_trust_the_ui_sends_typed_numbers_as_typed_and_shares_the_api_ranges(stu
     assert isinstance(draft_start, gr.Number) and f"0..{studio.config('tiny').max_think - 1}" in draft_start.info
     assert draft_start.preprocess(700) == 700  # reaches RunConfig as sent
     assert isinstance(by_label["Seed"], gr.Textbox)
-    assert by_label["Temperature (0 = greedy)"].maximum == MAX_TEMPERATURE
+    for label, field in (("Temperature", "temperature"), ("Threshold", "threshold")):
+        assert isinstance(by_label[label], gr.Number) and rule(field) in by_label[label].info
+        assert by_label[label].preprocess(5) == 5  # sent as typed: the run refuses it by name, nothing clamps
     RunConfig(temperature=MAX_TEMPERATURE)
-    with pytest.raises(ValueError, match=r"temperature=50.0 must be in 0..2"):  # before: the API ran it
+    with pytest.raises(ValueError, match=r"Temperature \(temperature\) must be a number in 0..2 \(0: greedy\); got 50.0"):
         studio.config("tiny", temperature=50)
 
 
@@ -159,7 +167,7 @@ def test_trust_reasoning_never_exceeds_max_think(studio, method):
 
 def test_trust_replay_and_export_render_as_the_live_view(studio):
     live = list(studio.run("hello", "SSR", "tiny", **SMALL))[-1]
-    assert 'class="think-end"' in live.reasoning
+    assert 'class="think-end cut"' in live.reasoning  # the budget closed it (issue 34)
     rid = studio.history()[0]["id"]
     assert studio.replay(rid).reasoning == live.reasoning  # before: a raw </think> span
     page = Path(studio.export(rid, "html")).read_text(encoding="utf-8")

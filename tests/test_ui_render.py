@@ -75,8 +75,8 @@ def test_compare_mode_runs_all_three_and_charts(studio):
 @pytest.mark.parametrize("prompt, method, settings, message", [
     ("", "SSR", {}, "type a prompt first"),
     ("hi", "Warp", {}, "unknown method"),
-    ("hi", "SSR", {"max_think": 0}, "max_think=0"),
-    ("hi", "SSR", {"draft_start": 50, "max_think": 10}, "draft_start=50 must be &lt; max_think"),
+    ("hi", "SSR", {"max_think": 0}, "Max think (max_think) must be a whole number in 1..1000000; got 0"),
+    ("hi", "SSR", {"draft_start": 50, "max_think": 10}, "Draft start (draft_start) must be a whole number in 0..9 (below Max think 10); got 50"),
 ])
 def test_bad_input_is_a_message_not_a_crash(studio, prompt, method, settings, message):
     frames = list(studio.run(prompt, method, "tiny", **settings))
@@ -122,7 +122,7 @@ def test_metrics_strip_counts():
 
 def test_the_studio_passes_the_compile_choice_and_refuses_a_bad_one(studio):
     assert studio.config("tiny").compile == "auto" and studio.config("tiny", compile="off").compile == "off"
-    with pytest.raises(ValueError, match="compile='fast' must be one of auto, on, off"):
+    with pytest.raises(ValueError, match="Compiled steps \\(compile\\) must be one of auto, on, off; got 'fast'"):
         studio.config("tiny", compile="fast")
 
 

@@ -24,7 +24,8 @@ from engine.runtime.probe import require
 def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     """Yield the events of a plain run of ``prompt`` (the user message, templated here)."""
     prompt_ids = lm.prompt_ids(prompt)
-    new_tokens = cfg.max_think + cfg.max_answer + (len(lm.markers.close_ids) if lm.markers else 0)
+    budget = ThinkBudget(lm.markers, cfg.max_think)
+    new_tokens = budget.new_tokens(cfg.max_answer)
     lm.check_fits(len(prompt_ids), new_tokens)
     require(lm, "plain decoding", rollbacks=False)  # the probe may route later multi-token forwards one by one
     lm.begin_run(cfg.exact_mode, cfg.compile)
@@ -33,7 +34,6 @@ def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Even
     rec.start_clock(lm.step_mode)
     chooser = Chooser(cfg.temperature, cfg.top_p, cfg.seed)
     markers = lm.markers
-    budget = ThinkBudget(markers, cfg.max_think)
     seq = CachedModel(lm, len(prompt_ids) + new_tokens)
 
     # 1. prefill

@@ -23,9 +23,25 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from engine.events import Event
+from engine.config import RunConfig
+from engine.events import Event, RunStats
 from engine.methods.recorder import Recorder
 from engine.runtime.model import ThinkMarkers
+
+
+def budget_cut(stats: RunStats, cfg: RunConfig, rsd: bool = False, reasons: bool = True) -> str:
+    """Which budget cut a finished run, from its counts (``RunStats.cut``): "" (it ended by
+    itself), "reasoning" (the end of thinking forced at ``max_think``), "answer" (stopped at
+    ``max_answer`` before its end of sequence), "reasoning, answer", or for the RSD family (one
+    budget for the whole response) "response". Exact, not a guess: the model picks at most
+    ``max_think - k`` reasoning tokens (:attr:`ThinkBudget.picks`), so a reasoning of ``max_think``
+    tokens always ends in a forced marker; an answer stops at ``max_answer`` without drawing its
+    end of sequence. ``reasons``: the model has think markers (else all its output is answer)."""
+    if rsd:
+        return "response" if stats.reasoning_tokens + stats.answer_tokens >= cfg.max_tokens else ""
+    cut = [part for part, hit in (("reasoning", reasons and stats.reasoning_tokens >= cfg.max_think),
+                                  ("answer", stats.answer_tokens >= cfg.max_answer)) if hit]
+    return ", ".join(cut)
 
 
 @dataclass
@@ -40,6 +56,11 @@ class ThinkBudget:
         if self.markers is not None and self.max_think < len(self.markers.marker_ids):
             raise ValueError(f"max_think={self.max_think} must be at least {len(self.markers.marker_ids)} on this model: "
                              f"its end-of-thinking marker is {len(self.markers.marker_ids)} tokens")
+
+    def new_tokens(self, max_answer: int) -> int:
+        """The most tokens a run writes after its prompt: the reasoning, the forced marker's tail
+        and ``max_answer`` answer tokens (the cache and context-window room every loop asks for)."""
+        return self.max_think + max_answer + (len(self.markers.close_ids) if self.markers else 0)
 
     @property
     def picks(self) -> int:

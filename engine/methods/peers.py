@@ -117,9 +117,9 @@ def decode_hf(lm: StepModel, prompt: str, cfg: RunConfig, prompt_lookup: bool = 
     decoding; ``static``: with the static cache), on baseline's budget."""
     prompt_ids = lm.prompt_ids(prompt)
     markers = lm.markers
-    new_tokens = cfg.max_think + cfg.max_answer + (len(markers.close_ids) if markers else 0)
-    lm.check_fits(len(prompt_ids), new_tokens)
     budget = ThinkBudget(markers, cfg.max_think)
+    new_tokens = budget.new_tokens(cfg.max_answer)
+    lm.check_fits(len(prompt_ids), new_tokens)
     rec = Recorder(lm.tokenizer, "hf-pld" if prompt_lookup else "hf-static" if static else "hf", len(prompt_ids),
                    lm.device)
     calls = _Calls(lm, cfg, len(prompt_ids) + new_tokens, prompt_lookup, static)

@@ -9,12 +9,26 @@ everything that changes the output or the speed.
 >>> run = {"method": "ssr", "status": "ok", "prompt_hash": "ab", "model": "m", "config": {"temperature": 0}}
 >>> [b["id"] for b in matching_baselines(run, rows)]  # rows: runs-table rows
 [12, 9]
+
+Noise: a run is *flagged slow* (:func:`slow_runs`) when its seconds per forward are more than
+``SLOW_FACTOR`` times the median of the finished runs of its kind (same model, method, precision,
+device, step mode and exact mode; at least ``MIN_KIND`` of them): the model did the same work per
+forward as its peers, so the extra time came from outside the run (a busy machine, a first run
+in a fresh process). Pooled baselines (:func:`pool`) leave flagged runs out and take only runs
+within ``POOL_WINDOW_S`` of the run judged; every pooled ratio says how many runs it pools, their
+spread and their age.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+
+SLOW_FACTOR = 2.0  # a run is flagged slow past this many times its kind's median seconds per forward
+MIN_KIND = 3  # finished runs of one kind before any of them can be flagged (fewer: nothing to judge by)
+POOL_WINDOW_S = 1800.0  # pooled baselines lie within this many seconds of the newest one (no stale mixes)
 
 
 def finished(run: Mapping) -> bool:
@@ -62,3 +76,67 @@ def _config(run: Mapping) -> dict:
         except json.JSONDecodeError:
             return {}
     return config if isinstance(config, dict) else {}
+
+
+def kind_key(run: Mapping) -> tuple:
+    """The runs whose time per forward is comparable: same model, method, precision, device,
+    step mode and exact mode (any prompt, any budget)."""
+    return (run.get("model"), run.get("method"), run.get("dtype"), run.get("device"),
+            str(run.get("step_mode") or "").split(":")[0], bool(_config(run).get("exact")))
+
+
+def per_forward(run: Mapping) -> float | None:
+    """A finished run's wall seconds per forward (None without both)."""
+    wall, forwards = run.get("wall_s"), run.get("forward_calls")
+    return wall / forwards if finished(run) and wall and forwards else None
+
+
+def slow_runs(rows: Iterable[Mapping]) -> dict[int, str]:
+    """The runs among ``rows`` flagged slow, by id, each with why in words (the module's rule)."""
+    kinds: dict[tuple, list[tuple[int, float]]] = {}
+    for r in rows:
+        x = per_forward(r)
+        if x is not None and r.get("id") is not None:
+            kinds.setdefault(kind_key(r), []).append((r["id"], x))
+    flagged = {}
+    for (model, method, *_), runs in kinds.items():
+        if len(runs) < MIN_KIND:
+            continue
+        median = statistics.median(x for _, x in runs)
+        for rid, x in runs:
+            if x > SLOW_FACTOR * median:
+                flagged[rid] = (f"slow: {x / median:.1f}x the median time per forward of {len(runs)} {method} runs "
+                                f"of {model} ({x * 1000:.1f} ms against {median * 1000:.1f} ms: a busy machine or a "
+                                "cold start)")
+    return flagged
+
+
+def _when(run: Mapping) -> datetime | None:
+    try:
+        when = datetime.fromisoformat(str(run.get("created_at")))
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def pool(baselines: list[Mapping], slow: Mapping[int, str], at: datetime | None = None) -> tuple[list[Mapping], dict]:
+    """The baselines a pooled ratio may use, from ``baselines`` (matching ones, newest first) for a
+    run made at ``at`` (default: now): the flagged slow ones left out, then those within
+    ``POOL_WINDOW_S`` of the run (when none is, the newest steady one alone: one run mixes
+    nothing, and its age is said); and what the pool is, for the strip: ``n``, ``spread`` (min,
+    max seconds), ``ages`` (newest, oldest, in seconds before ``at``), ``left_slow`` and
+    ``left_old`` (runs left out, and why)."""
+    at = at or datetime.now(timezone.utc)
+    steady = [b for b in baselines if b.get("id") not in slow]
+    near = [b for b in steady if _when(b) is not None and abs((at - _when(b)).total_seconds()) <= POOL_WINDOW_S]
+    kept = near or steady[:1]
+    walls = [b["wall_s"] for b in kept]
+    times = [_when(b) for b in (kept[:1] + kept[-1:])] if kept else []
+    ages = tuple((at - w).total_seconds() for w in times) if times and None not in times else None
+    return kept, {"n": len(kept), "spread": (min(walls), max(walls)) if walls else None, "ages": ages,
+                  "left_slow": len(baselines) - len(steady), "left_old": len(steady) - len(kept)}
+
+
+def run_time(run: Mapping) -> datetime | None:
+    """When a logged run was made (None for a run not logged yet, or an unreadable time)."""
+    return _when(run)

@@ -9,7 +9,7 @@ import sqlite_utils
 
 from engine.events import RunStats
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 
 def _migrate_1(db: sqlite_utils.Database) -> None:
@@ -76,8 +76,13 @@ def _migrate_9(db: sqlite_utils.Database) -> None:
     db["runs"].create_index(["dataset"], if_not_exists=True)
 
 
+def _migrate_10(db: sqlite_utils.Database) -> None:
+    """Version 10: which budget cut a run (``RunStats.cut``). Rows written before have none."""
+    _add_columns(db["runs"], _stats_columns())
+
+
 MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6, 7: _migrate_7,
-              8: _migrate_8, 9: _migrate_9}
+              8: _migrate_8, 9: _migrate_9, 10: _migrate_10}
 
 
 def _stats_columns() -> dict:

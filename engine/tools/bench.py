@@ -109,8 +109,8 @@ def progress_bar(done: int, total: int, width: int = 24) -> str:
 
 
 class LiveProgress:
-    """The run in flight, on one line of ``stream`` (stderr): the bar of finished runs, the run's
-    label and its tokens so far (reasoning and answer), at most one update per ``interval`` seconds
+    """The run in flight, on one line of ``stream`` (stderr): the bar of finished runs (or
+    "warm-up (untimed)" while ``total`` is 0, before the timed runs), the run's label and its tokens so far (reasoning and answer), at most one update per ``interval`` seconds
     (default: 4 a second on a terminal, rewriting the line; one line every 2 s into a file). A
     :data:`engine.benchmarks.runner.Watch`; the runs' results do not depend on it."""
 
@@ -133,7 +133,8 @@ class LiveProgress:
         now = time.monotonic()
         if now - self._shown_at >= self.interval:
             self._shown_at = now
-            self._show(f"{progress_bar(self.done, self.total)} {label}: {self.tokens} tokens so far")
+            where = progress_bar(self.done, self.total) if self.total else "warm-up (untimed)"
+            self._show(f"{where} {label}: {self.tokens} tokens so far")
 
     @property
     def tokens(self) -> int:
