@@ -244,7 +244,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             out = {"baselines": 1, "pair": True, "matched_on": "this comparison's own baseline run, just before",
                    "ratio": done.stats.wall_s / pair.stats.wall_s}
             base_answer, base_flops = pair.answer_text, [pair.stats.flops] if pair.stats.flops else []
-            base_ids = lambda: pair.reasoning_ids + pair.answer_ids  # noqa: E731
+            base_ids = lambda: pair.reasoning_ids + pair.answer_ids
         else:
             kind = self.log.runs(limit=200, method="baseline", model=run["model"])  # the flag's peers: any prompt
             rows, pooled = pool(matching_baselines(run, [r for r in kind if r["prompt_hash"] == run["prompt_hash"]]),
@@ -254,7 +254,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 return out
             out["ratio"] = done.stats.wall_s / statistics.median(r["wall_s"] for r in rows)
             base_answer, base_flops = rows[0]["answer_text"], [r["flops"] for r in rows if r.get("flops")]
-            base_ids = lambda: [e.token_id for e in self.log.events(rows[0]["id"])  # noqa: E731
+            base_ids = lambda: [e.token_id for e in self.log.events(rows[0]["id"])
                                 if e.kind == "token" and e.stream in ("reasoning", "answer")]
         out["identical"] = done.answer_text == base_answer if cfg.greedy else None
         if done.stats.flops and base_flops:

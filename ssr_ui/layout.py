@@ -319,9 +319,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                     c_speedup = gr.Plot(label="SSR vs draft start")
                 with gr.Column(min_width=480):
                     c_rsd = gr.Plot(label="RSD vs threshold")
-            with gr.Row(equal_height=False):
-                with gr.Column(min_width=480):
-                    c_accuracy = gr.Plot(label="accuracy by method")
+            with gr.Row(equal_height=False), gr.Column(min_width=480):
+                c_accuracy = gr.Plot(label="accuracy by method")
 
         # ------------------------------------------------------------------ wiring: runs
         # The run's settings, written once: the API's parameters (names, order, defaults) and the

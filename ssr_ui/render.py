@@ -441,8 +441,8 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         items.append(("vs baseline", "no baseline run with these settings yet: run Baseline with them" if not left
                       else f"no steady baseline run with these settings: {left}"))
     elif compare:
-        items.append(("vs baseline", f"{compare['ratio']:.2f}x latency{_pooled(compare)}: "
-                                     f"{html.escape(compare['matched_on'])}"))
+        items.append(("vs baseline", (f"{compare['ratio']:.2f}x latency{_pooled(compare)}: "
+                                      f"{html.escape(compare['matched_on'])}")))
         if compare.get("agreement") is not None:
             a = compare["agreement"]
             items.append(("same as baseline", "✔ identical" if a.identical else f"✘ {html.escape(str(a))}"))

@@ -110,7 +110,7 @@ def test_every_numeric_setting_refuses_junk_and_out_of_range_values_by_name(stud
         assert message.startswith(f"{LABELS[field]} ({field}) ")
         assert rule(field, context) in message, message
         if value not in ("", None):
-            assert message.endswith(f"got {value!r}") or message.endswith(f"got {float(value)!r}"), message
+            assert message.endswith((f"got {value!r}", f"got {float(value)!r}")), message
 
 
 @pytest.mark.parametrize("field, value", [("threshold", -1), ("threshold", 5), ("temperature", 5),
