@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.benchmarks.problems import BUNDLED_SETS, TASKS, Source, is_file_spec, load_problems
+from engine.benchmarks.problems import BUNDLED_SETS, TASKS, Source, is_file_spec, is_hub_spec, load_problems, reach_hub
 from engine.benchmarks.runner import Bench
 from engine.benchmarks.summary import summarize, table_cells, tokens_per_forward
 from engine.config import number
@@ -101,12 +101,19 @@ class BenchmarkRuns:
                              f"{' / '.join(BUNDLED_SETS)})")
         source = Source(spec, question_field.strip() or None, answer_field.strip() or None,
                         None if task == "auto" else task, None, int(limit), seed)
+        cfg = self.config(model_name, **settings)  # every setting checked before anything is read or loaded
+        if "ssr" in methods:
+            cfg.check_ssr()
+        if not upload and is_hub_spec(spec):
+            for status in reach_hub():
+                yield BenchFrame(progress_html(0, 1, f"{status}…"))
         yield BenchFrame(progress_html(0, 1, f"reading {shown or spec}…"))
         problems = load_problems(source, display_name=shown)
         label = shown or source.label
-        cfg = self.config(model_name, **settings)
-        if "ssr" in methods:
-            cfg.check_ssr()
+        name = (model_name or self.default_model).strip()
+        yield BenchFrame(progress_html(0, 1, f"{label}: {len(problems)} problems read; loading {name}…"))
+        for status in self.loading(name):  # a first load (a GGUF file's conversion) says how it goes
+            yield BenchFrame(progress_html(0, 1, f"loading {name}… {status}"))
         lm = self.model(model_name)
         models = {"target": lm}
         if {"rsd", "target"} & set(methods):
@@ -128,6 +135,7 @@ class BenchmarkRuns:
                                                          f"{', '.join(cold)} once (untimed, not logged)…"))
                 for m in cold:
                     self.warm(lm, m, cfg, models)
+            yield BenchFrame(progress_html(0, total, f"run 1 of {total} in flight ({label}; timed)…"))
             for r in bench.runs(problems, int(repeat), stop=lambda: job.cancelled,
                                 wrap=lambda events, last: claimed(events, job, last)):
                 runs.append(r)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import html
 import logging
 import statistics
 import threading
@@ -298,20 +299,30 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             if len(starts) > 50:
                 raise ValueError(f"{len(starts)} draft starts is too many for one sweep (at most 50)")
             configs = [self.config(model_name, **{**settings, "draft_start": d}).check_ssr() for d in starts]
+            name = (model_name or self.default_model).strip()
+            yield html_note(f"sweep of {len(starts)} draft starts: loading {name}…"), None
             for status in self.loading(model_name):
-                yield html_note(f"loading {(model_name or self.default_model).strip()}… {status}"), None
+                yield html_note(f"loading {name}… {status}"), None
             lm = self.model(model_name)
             lm.require_markers()  # SSR on a model that does not reason: refused before the baseline runs
-            with self._lock:
+            if not self._lock.acquire(blocking=False):
+                yield html_note("waiting for the model: another run is using it…"), None
+                self._lock.acquire()
+            try:
+                if not (self.is_warm(lm, "baseline", configs[0]) and self.is_warm(lm, "ssr", configs[0])):
+                    yield html_note("sweep: warming up baseline and SSR once (untimed, not logged)…"), None
                 self.warm(lm, "baseline", configs[0])
                 self.warm(lm, "ssr", configs[0])
+                yield html_note(f"sweep: the baseline run (1 of {len(starts) + 1} runs)…"), None
                 base = TraceView()
                 for _ in self._stream(lm, prompt, "Baseline", configs[0], base, job=job, last=False):
                     pass
                 points, view = [], base
-                for d, cfg in zip(starts, configs, strict=True):
-                    if job.cancelled:
+                for k, (d, cfg) in enumerate(zip(starts, configs, strict=True), 1):
+                    if job.cancelled or base.stats is None:
                         break
+                    yield (html_note(f"sweep: point {k} of {len(starts)} (draft start {d}) running; "
+                                     f"{k - 1} done…"), charts.sweep_chart(points) if points else None)
                     view = TraceView()
                     for _ in self._stream(lm, prompt, "SSR", cfg, view, job=job, last=d == starts[-1]):
                         pass
@@ -320,14 +331,33 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                     s = view.stats
                     points.append({"draft_start": d, "ratio": s.wall_s / base.stats.wall_s, "accepted": s.accepted,
                                    "recovered": s.recovered})
-                    yield (f'<div class="metrics">sweep: {len(points)} / {len(starts)} draft starts done</div>',
+                    yield (f'<div class="metrics">sweep: {len(points)} of {len(starts)} points done</div>',
                            charts.sweep_chart(points))
-                if job.cancelled:
-                    in_flight = " (the run in flight is logged as cancelled)" if view.phase == "stopped" else ""
-                    yield ((f'<div class="metrics">sweep stopped after {len(points)} of {len(starts)} draft '
-                           f'starts{in_flight}</div>'), charts.sweep_chart(points))
+            finally:
+                self._lock.release()
+            if job.cancelled:
+                in_flight = " (the run in flight is logged as cancelled)" if view.phase == "stopped" else ""
+                yield ((f'<div class="metrics">sweep stopped after {len(points)} of {len(starts)} draft '
+                       f'starts{in_flight}. {html.escape(sweep_summary(points))}</div>'), charts.sweep_chart(points))
+            elif points:
+                yield (f'<div class="metrics">sweep done: {html.escape(sweep_summary(points))}</div>',
+                       charts.sweep_chart(points))
         except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
             yield error_html(str(err)), None
+
+def sweep_summary(points: list[dict]) -> str:
+    """A sweep's outcome in a sentence: the best draft start, its ratio, and the spread of all
+    points (one run each: their spread is what a single point's noise can look like)."""
+    if not points:
+        return "no draft start finished"
+    best = min(points, key=lambda p: p["ratio"])
+    ratios = [p["ratio"] for p in points]
+    spread = (f"; the {len(points)} points ranged {min(ratios):.2f}-{max(ratios):.2f}x, one run each (a difference "
+              "within that range may be noise: repeat with the Benchmark tab)") if len(points) > 1 else ""
+    verdict = "faster than" if best["ratio"] < 1 else "no faster than"
+    return (f"best draft start {best['draft_start']}: {best['ratio']:.2f}x baseline's latency ({verdict} baseline)"
+            f"{spread}")
+
 
 @contextlib.contextmanager
 def _field(name: str) -> Iterator[None]:

@@ -394,6 +394,13 @@ def build_app(studio: Studio) -> gr.Blocks:
                 if job is not None:
                     yield from studio.sweep(prompt, model, start, stop, step, job=job, **settings)
 
+        def panes_for_sweep():  # the panes would show an older run beside the sweep's chart: cleared, and said why
+            note = ('<div class="metrics status">the draft-start sweep runs above: its chart and status are in the '
+                    'sweep section, each of its runs in History (Run shows a single run here)</div>')
+            return empty.reasoning_html(), empty.draft_html(), empty.answer_html(), note, gr.update(visible=False)
+
+        sweep_btn.click(panes_for_sweep, None, [reasoning_pane, draft_pane, answer_pane, metrics, chart], queue=False,
+                        **PRIVATE)
         sweep_event = sweep_btn.click(busy, None, buttons, queue=False, **PRIVATE).then(
             sweep, [prompt, model, sweep_from, sweep_to, sweep_step, *sweep_settings.values()],
             [sweep_status, sweep_plot], api_name="sweep", concurrency_limit=RUN_CONCURRENCY,

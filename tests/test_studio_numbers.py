@@ -109,8 +109,10 @@ def test_every_numeric_setting_refuses_junk_and_out_of_range_values_by_name(stud
         message = str(err.value)
         assert message.startswith(f"{LABELS[field]} ({field}) ")
         assert rule(field, context) in message, message
-        if value not in ("", None):
+        if isinstance(value, (int, float)):
             assert message.endswith((f"got {value!r}", f"got {float(value)!r}")), message
+        elif value == "abc":
+            assert message.endswith("got 'abc'"), message
 
 
 @pytest.mark.parametrize("field, value", [("threshold", -1), ("threshold", 5), ("temperature", 5),
@@ -156,3 +158,42 @@ def test_a_run_that_ends_by_itself_is_not_cut(studio):
     assert budget_cut(RunStats(reasoning_tokens=0, answer_tokens=10), cfg, reasons=False) == "answer"
     assert budget_cut(RunStats(reasoning_tokens=12, answer_tokens=8), cfg, rsd=True) == "response"
     assert budget_cut(RunStats(reasoning_tokens=12, answer_tokens=7), cfg, rsd=True) == ""
+
+
+# ----------------------------------------------------------------------------- 8. states named as they are
+
+def test_an_unreachable_hub_is_said_attempt_by_attempt(studio, monkeypatch):
+    from tests.apps import free_port
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)  # nothing listens: refused at once
+    frames = [_text(f.status) for f in studio.benchmark("someone/some-set", None, ["baseline"], 2, model_name="tiny",
+                                                        **SMALL)]
+    assert frames[:3] == [f"reaching the Hub ({endpoint}): attempt {k} of 3…" for k in (1, 2, 3)]
+    assert frames[-1].startswith("⚠ the Hub (") and "did not answer 3 attempts" in frames[-1]
+    assert "upload the dataset as a file" in frames[-1] and not any("reading" in f for f in frames)
+
+
+def test_the_benchmark_says_what_it_is_doing_before_its_first_run(studio):
+    frames = [_text(f.status) for f in studio.benchmark("bundled-classes", None, ["baseline", "ssr"], 1,
+                                                        model_name="tiny", **SMALL)]
+    assert frames[0].startswith("reading bundled-classes")
+    assert any(f.startswith("classes.jsonl: 1 problems read; loading tiny") for f in frames)
+    warming = [i for i, f in enumerate(frames) if "warming up" in f]
+    in_flight = frames.index("run 1 of 2 in flight (classes.jsonl; timed)…")
+    assert warming and warming[0] < in_flight and frames[-1].startswith("done: 2 runs")
+
+
+def test_a_sweep_names_each_state_and_sums_up(studio):
+    frames = list(studio.sweep("hello", "tiny", 2, 4, 2, **{k: v for k, v in SMALL.items() if k != "draft_start"}))
+    states = [_text(status) for status, _ in frames]
+    assert states[0] == "sweep of 2 draft starts: loading tiny…"
+    assert "sweep: warming up baseline and SSR once (untimed, not logged)…" in states
+    order = [states.index(s) for s in ("sweep: the baseline run (1 of 3 runs)…",
+                                       "sweep: point 1 of 2 (draft start 2) running; 0 done…",
+                                       "sweep: 1 of 2 points done",
+                                       "sweep: point 2 of 2 (draft start 4) running; 1 done…")]
+    assert order == sorted(order)
+    assert re.fullmatch(r"sweep done: best draft start [24]: [\d.]+x baseline's latency \((no )?faster than baseline\); "
+                        r"the 2 points ranged [\d.]+-[\d.]+x, one run each .*", states[-1]), states[-1]

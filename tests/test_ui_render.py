@@ -166,7 +166,7 @@ def test_export_needs_a_run(studio):
 
 def test_draft_start_sweep(studio):
     out = list(studio.sweep("hello", "tiny", 0, 6, 3, max_think=10, max_draft=6, max_answer=8))
-    assert len(out) == 3 and "3 / 3" in out[-1][0]
+    assert sum("points done" in status for status, _ in out) == 3 and "sweep done: best draft start" in out[-1][0]
     fig = out[-1][1]
     assert list(fig.data[0].x) == [0, 3, 6] and all(y > 0 for y in fig.data[0].y)
     assert [r["method"] for r in studio.history()].count("ssr") == 3

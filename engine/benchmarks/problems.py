@@ -19,6 +19,7 @@ import csv
 import json
 import random
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,6 +257,38 @@ def _parquet(p: Path, shown: str, limit: int | None, seed: int | None) -> list:
         return rows[:limit]
     rows = f.read().to_pylist()
     return [rows[i] for i in _sample(len(rows), limit, seed)]
+
+
+HUB_ATTEMPTS, HUB_TIMEOUT_S = 3, 3.0  # the reachability check before a Hub dataset is read
+
+
+def is_hub_spec(spec: str) -> bool:
+    """Whether ``spec`` names a dataset on the Hub (not a bundled suite, not a file)."""
+    return spec.strip() not in BUNDLED_SETS and not is_file_spec(spec.strip())
+
+
+def reach_hub(attempts: int = HUB_ATTEMPTS, timeout: float = HUB_TIMEOUT_S) -> Iterator[str]:
+    """Check that the Hugging Face Hub answers before a dataset is read from it, saying each try
+    ("reaching the Hub: attempt 2 of 3"): an unreachable Hub is a message after ``attempts`` x
+    ``timeout`` seconds, not a silent minute of the datasets library's own retries. Nothing to do
+    offline (``HF_HUB_OFFLINE=1``: the local cache is read)."""
+    import os
+
+    import httpx
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    why = ""
+    for k in range(1, attempts + 1):
+        yield f"reaching the Hub ({endpoint}): attempt {k} of {attempts}"
+        try:
+            httpx.head(f"{endpoint}/api/datasets", timeout=timeout)
+            return
+        except httpx.HTTPError as err:
+            why = f"{type(err).__name__}: {err}"
+    raise ValueError(f"the Hub ({endpoint}) did not answer {attempts} attempts of {timeout:g} s ({why}): upload the "
+                     "dataset as a file instead, or set HF_HUB_OFFLINE=1 to read it from your datasets cache")
 
 
 def read_hub(name: str, config: str | None, split: str, limit: int | None, seed: int | None) -> list:

@@ -41,7 +41,9 @@ from engine.benchmarks.problems import (
     TASKS,
     Problem,
     Source,
+    is_hub_spec,
     load_problems,
+    reach_hub,
 )
 from engine.benchmarks.runner import Bench
 from engine.benchmarks.summary import format_table, spread_warnings, summarize, write_csv
@@ -93,6 +95,9 @@ def problems_from_args(args: argparse.Namespace) -> tuple[list[Problem], str]:
     """The problems and the label runs are logged under."""
     source = Source(args.dataset or args.prompts, args.question_field, args.answer_field, args.task, args.template,
                     args.limit, args.sample_seed)
+    if args.dataset and is_hub_spec(args.dataset):
+        for status in reach_hub():  # an unreachable Hub is said after a few seconds, each try on stderr
+            _say(status)
     return load_problems(source), source.label
 
 
