@@ -9,6 +9,7 @@ is logged ``cancelled``); every run is logged with its dataset, which History fi
 from __future__ import annotations
 
 import html
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,17 +31,27 @@ MAX_REPEAT = 5
 RUN_COLUMNS = ["problem", "repeat", "method", "correct", "latency s", "answer tokens", "tok / forward", "answer"]
 
 
+REDRAW_S = 2.0  # the tables and charts redraw at most this often while runs stream (the status line: every run)
+
+
 @dataclass
 class BenchFrame:
-    """What the tab shows after each step: status (with the progress bar), the two tables, charts."""
+    """What the tab shows after each step: status (with the progress bar), the two tables, charts.
+    ``summary``, ``runs`` or ``figures`` None: unchanged since the last frame (the page keeps them:
+    redrawing three charts and a growing table on every run froze it for seconds)."""
 
     status: str
-    summary: dict = field(default_factory=lambda: {"headers": ["method"], "data": []})
-    runs: dict = field(default_factory=lambda: {"headers": RUN_COLUMNS, "data": []})
-    figures: tuple = (None, None, None)
+    summary: dict | None = field(default_factory=lambda: {"headers": ["method"], "data": []})
+    runs: dict | None = field(default_factory=lambda: {"headers": RUN_COLUMNS, "data": []})
+    figures: tuple | None = (None, None, None)
 
     def as_tuple(self) -> tuple:
-        return (self.status, self.summary, self.runs, *self.figures)
+        return (self.status, self.summary, self.runs, *(self.figures or (None, None, None)))
+
+    @property
+    def unchanged(self) -> tuple[bool, ...]:
+        """Which of :meth:`as_tuple`'s outputs the page keeps as they are."""
+        return (False, self.summary is None, self.runs is None, *(self.figures is None,) * 3)
 
 
 def progress_html(done: int, total: int, note: str) -> str:
@@ -136,10 +147,16 @@ class BenchmarkRuns:
                 for m in cold:
                     self.warm(lm, m, cfg, models)
             yield BenchFrame(progress_html(0, total, f"run 1 of {total} in flight ({label}; timed)…"))
+            drawn = -REDRAW_S
             for r in bench.runs(problems, int(repeat), stop=lambda: job.cancelled,
                                 wrap=lambda events, last: claimed(events, job, last)):
                 runs.append(r)
-                yield self._bench_frame(runs, total, f"{len(runs)} of {total} runs ({label})", cfg.greedy)
+                note = f"{len(runs)} of {total} runs ({label})"
+                if time.monotonic() - drawn >= REDRAW_S:
+                    drawn = time.monotonic()
+                    yield self._bench_frame(runs, total, note, cfg.greedy)
+                else:  # the progress bar moves on every run; the tables and charts at their next redraw
+                    yield BenchFrame(progress_html(len(runs), total, note), None, None, None)
         finally:
             self._lock.release()
         if len(runs) < total:

@@ -19,13 +19,27 @@ METHOD_COLORS = {"baseline": "#6b7280", "ssr": "#2563eb", "rsd": "#9333ea", "tar
                  "draft": "#0d9488", "hf": "#db2777", "hf-pld": "#65a30d", "hf-static": "#0891b2"}
 COLORS = {**METHOD_COLORS, **{k.capitalize(): v for k, v in METHOD_COLORS.items()}, "SSR": "#2563eb",
           "RSD": "#9333ea", "accepted": "#16a34a", "recovered": "#d97706", "generated": "#9ca3af"}
-LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0)
+# the legend goes under the x axis' title (never over it, the title or a second axis), the plot's
+# margin grows to hold it (automargin), and titles are short enough for a 700 px wide chart
+LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.32, xanchor="left", x=0)
 
 
 def _layout(fig: go.Figure, title: str, height: int = 320, **kw) -> go.Figure:
-    fig.update_layout(title=dict(text=title, x=0, xanchor="left"), height=height,
-                      **{"legend": LEGEND_BELOW, "margin": dict(t=44, b=70, l=56, r=56), **kw})
+    fig.update_layout(title=dict(text=title, x=0, xanchor="left", automargin=True), height=height,
+                      **{"legend": LEGEND_BELOW, "margin": dict(t=44, b=90, l=56, r=64), **kw})
+    # x tick labels sit 8 px below the axis (invisible ticks): a y axis' lowest label, centred on the axis line,
+    # never runs into the first or last of them in a corner ("0.00" on the right axis over "0.80")
+    fig.update_xaxes(automargin=True, ticks="outside", ticklen=8, tickcolor="rgba(0,0,0,0)")
+    fig.update_yaxes(automargin=True)
     return fig
+
+
+def _padded(fig: go.Figure, xs: list[float], least: float) -> None:
+    """An x range with room beside the outer points, so that no tick label sits at the plot's
+    corners (where a second y axis' lowest label would run into it) and no point on its edge."""
+    low, high = min(xs), max(xs)
+    pad = max(least, 0.08 * (high - low))
+    fig.update_xaxes(range=[low - pad, high + pad])
 
 
 def _empty(fig: go.Figure, sentence: str) -> go.Figure:
@@ -72,7 +86,8 @@ def accuracy_by_method(rows: list[dict]) -> go.Figure:
                            error_y=dict(type="data", symmetric=False, array=[hi - a for a, (_, hi) in zip(acc, ci, strict=True)],
                                         arrayminus=[a - lo for a, (lo, _) in zip(acc, ci, strict=True)]),
                            text=[f"{a:.0%} of {len(graded[n])}" for a, n in zip(acc, names, strict=True)],
-                           textposition="inside"))
+                           # at the bar's foot: the interval's whisker at its top never strikes the label through
+                           textposition="inside", insidetextanchor="start"))
     _layout(fig, "Accuracy by method (95% interval)", yaxis_title="answered right", showlegend=False)
     fig.update_yaxes(range=[0, 1.05], tickformat=".0%")
     return fig if names else _empty(fig, "No graded runs yet: a benchmark with references grades them.")
@@ -131,8 +146,7 @@ def sweep_chart(points: list[dict]) -> go.Figure:
             yaxis2=dict(title="answer tokens from drafts", overlaying="y", side="right"))
     if not points:
         return _empty(fig, "No draft start finished.")
-    if len(xs) == 1:  # one point: a readable axis around it, not one bar across the plot
-        fig.update_xaxes(range=[xs[0] - 10, xs[0] + 10])
+    _padded(fig, xs, 10)  # one point: a readable axis around it, not one bar across the plot
     fig.update_xaxes(tickformat="d")
     fig.add_hline(y=1.0, line_dash="dot", line_color="#6b7280")
     return fig
@@ -163,9 +177,10 @@ def rsd_by_threshold(rows: list[dict]) -> go.Figure:
         fig.add_trace(go.Scatter(x=xs, y=acc, name="RSD accuracy", mode="lines+markers", marker_color=COLORS["rsd"]))
         seen = {match_key(g) for t in xs for g in groups[t]}
         target_acc = _mean([b["correct"] for k in seen for b in ref.get(k, []) if b["correct"] is not None])
-        if target_acc is not None:
-            fig.add_hline(y=target_acc, line_dash="dot", line_color=COLORS["target"],
-                          annotation_text="target alone, same prompts", annotation_position="bottom left")
+        if target_acc is not None:  # named in the legend, not by a label over the points
+            fig.add_trace(go.Scatter(x=[min(xs), max(xs)] if xs else [], y=[target_acc] * (2 if xs else 0),
+                                     mode="lines", name="target alone, same prompts",
+                                     line=dict(color=COLORS["target"], dash="dot")))
     fig.add_trace(go.Scatter(x=xs, y=flops, name="RSD FLOPs / target" if relative else "RSD FLOPs per run",
                              mode="lines+markers", yaxis="y2", marker=dict(color="#6b7280", size=9),
                              line=dict(dash="dash")))
@@ -176,12 +191,9 @@ def rsd_by_threshold(rows: list[dict]) -> go.Figure:
     fig.update_xaxes(tickformat=".2f")
     if not xs:
         return _empty(fig, "No RSD runs yet.")
-    if len(xs) == 1:  # one point: a readable axis around it, not a hair-thin range
-        fig.update_xaxes(range=[xs[0] - 0.1, xs[0] + 0.1])
-    if all(a is None for a in acc):
-        fig.add_annotation(text="accuracy needs runs with a reference answer (engine.tools.bench --db)", x=0, y=1.02,
-                           xref="paper", yref="paper", showarrow=False, xanchor="left",
-                           font=dict(size=11, color="#6b7280"))
+    _padded(fig, xs, 0.1)  # one point: a readable axis around it, not a hair-thin range
+    if all(a is None for a in acc):  # said in the title, above the plot: never over a point
+        fig.update_layout(title_text="RSD FLOPs vs threshold (accuracy needs runs with a reference answer)")
     return fig
 
 

@@ -159,7 +159,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                                                     label="Step"))
                     sweep_btn = gr.Button("Sweep draft start")
                 sweep_status = gr.HTML(label="sweep status")
-                sweep_plot = gr.Plot(label="Sweep")
+                sweep_plot = gr.Plot(label="Sweep", show_label=False)
             with gr.Accordion("SSR settings", open=False):
                 with gr.Row():
                     max_think = _as_sent(gr.Number(value=cfg.max_think, precision=0, label="Max think", elem_id="max-think"))
@@ -224,7 +224,7 @@ def build_app(studio: Studio) -> gr.Blocks:
             with gr.Row():
                 run_pick = gr.Radio([], label="Show run", visible=False, elem_classes="run-pick",
                                     info="a comparison ran all three: switch the panes between them")
-            chart = gr.Plot(label="compare chart", visible=False)
+            chart = gr.Plot(label="compare chart", show_label=False, visible=False)
             last_runs = gr.State(None)  # the latest comparison's final frames, for the run picker
             last_view = gr.State(None)  # this browser session's latest run, for the draft picker
 
@@ -267,11 +267,11 @@ def build_app(studio: Studio) -> gr.Blocks:
                                      elem_id="bench-summary")
             with gr.Row(equal_height=False):  # each chart keeps a readable width: on a phone they stack
                 with gr.Column(min_width=360):
-                    b_accuracy = gr.Plot(label="accuracy")
+                    b_accuracy = gr.Plot(label="accuracy", show_label=False)
                 with gr.Column(min_width=360):
-                    b_latency = gr.Plot(label="latency")
+                    b_latency = gr.Plot(label="latency", show_label=False)
                 with gr.Column(min_width=360):
-                    b_tokens = gr.Plot(label="answer tokens")
+                    b_tokens = gr.Plot(label="answer tokens", show_label=False)
             b_runs = gr.Dataframe(headers=RUN_COLUMNS, interactive=False, wrap=False, label="runs",
                                   elem_id="bench-runs")
 
@@ -311,16 +311,16 @@ def build_app(studio: Studio) -> gr.Blocks:
                     h_answer = gr.HTML(label="answer")
             with gr.Row(equal_height=False):  # each chart keeps a readable width: on a narrow screen they stack
                 with gr.Column(min_width=480):
-                    c_latency = gr.Plot(label="latency by method")
+                    c_latency = gr.Plot(label="latency by method", show_label=False)
                 with gr.Column(min_width=480):
-                    c_tokens = gr.Plot(label="answer tokens")
+                    c_tokens = gr.Plot(label="answer tokens", show_label=False)
             with gr.Row(equal_height=False):
                 with gr.Column(min_width=480):
-                    c_speedup = gr.Plot(label="SSR vs draft start")
+                    c_speedup = gr.Plot(label="SSR vs draft start", show_label=False)
                 with gr.Column(min_width=480):
-                    c_rsd = gr.Plot(label="RSD vs threshold")
+                    c_rsd = gr.Plot(label="RSD vs threshold", show_label=False)
             with gr.Row(equal_height=False), gr.Column(min_width=480):
-                c_accuracy = gr.Plot(label="accuracy by method")
+                c_accuracy = gr.Plot(label="accuracy by method", show_label=False)
 
         # ------------------------------------------------------------------ wiring: runs
         # The run's settings, written once: the API's parameters (names, order, defaults) and the
@@ -418,7 +418,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                 for frame in studio.benchmark(dataset, upload, methods, limit, repeat, sample_seed, question_field,
                                               answer_field, task, model, roles["draft_model"], roles["prm"], job=job,
                                               **settings):
-                    yield frame.as_tuple()
+                    yield tuple(gr.update() if keep else value
+                                for value, keep in zip(frame.as_tuple(), frame.unchanged, strict=True))
 
         bench_event = bench_btn.click(busy, None, buttons, queue=False, **PRIVATE).then(
             benchmark, [b_dataset, b_upload, b_methods, b_limit, b_repeat, b_sample, b_task, b_qfield, b_afield, model,
