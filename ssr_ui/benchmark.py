@@ -31,7 +31,9 @@ MAX_REPEAT = 5
 RUN_COLUMNS = ["problem", "repeat", "method", "correct", "latency s", "answer tokens", "tok / forward", "answer"]
 
 
-REDRAW_S = 2.0  # the tables and charts redraw at most this often while runs stream (the status line: every run)
+# while runs stream, the status line moves on every run, the tables redraw at most every REDRAW_S seconds and the
+# charts (three plotly figures: the page's heaviest redraw) every CHARTS_S; everything at the end
+REDRAW_S, CHARTS_S = 2.0, 10.0
 
 
 @dataclass
@@ -147,16 +149,21 @@ class BenchmarkRuns:
                 for m in cold:
                     self.warm(lm, m, cfg, models)
             yield BenchFrame(progress_html(0, total, f"run 1 of {total} in flight ({label}; timed)…"))
-            drawn = -REDRAW_S
+            drawn = charted = -CHARTS_S
             for r in bench.runs(problems, int(repeat), stop=lambda: job.cancelled,
                                 wrap=lambda events, last: claimed(events, job, last)):
                 runs.append(r)
                 note = f"{len(runs)} of {total} runs ({label})"
-                if time.monotonic() - drawn >= REDRAW_S:
-                    drawn = time.monotonic()
-                    yield self._bench_frame(runs, total, note, cfg.greedy)
-                else:  # the progress bar moves on every run; the tables and charts at their next redraw
+                now = time.monotonic()
+                if now - drawn < REDRAW_S:  # the progress bar moves on every run; the rest at its next redraw
                     yield BenchFrame(progress_html(len(runs), total, note), None, None, None)
+                    continue
+                frame, drawn = self._bench_frame(runs, total, note, cfg.greedy), now
+                if now - charted >= CHARTS_S:
+                    charted = now
+                else:
+                    frame.figures = None
+                yield frame
         finally:
             self._lock.release()
         if len(runs) < total:

@@ -96,13 +96,14 @@ def accuracy_by_method(rows: list[dict]) -> go.Figure:
 def token_composition(rows: list[dict]) -> go.Figure:
     """History: answer tokens per run split into accepted / recovered / generated."""
     rows = [r for r in rows if r["status"] == "ok"][:40][::-1]
-    labels = [f"#{r['id']} {r['method']}" for r in rows]
-    fig = go.Figure([go.Bar(name=k, x=labels, y=[r[k] or 0 for r in rows], marker_color=COLORS[k])
+    # x: the run ids as numbers, so that plotly shows as many tick labels as fit (40 run labels at 760 px ran
+    # into each other); each bar's hover names its run and method
+    ids, names = [r["id"] for r in rows], [f"run #{r['id']} {r['method']}" for r in rows]
+    fig = go.Figure([go.Bar(name=k, x=ids, y=[r[k] or 0 for r in rows], marker_color=COLORS[k], hovertext=names)
                      for k in ("accepted", "recovered", "generated")])
     _layout(fig, "Answer tokens by origin (latest 40 runs)", barmode="stack", yaxis_title="tokens",
-            # the run labels are slanted: a legend under them would sit on them, so it goes beside the plot
-            legend=dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top"))
-    fig.update_xaxes(tickangle=-45, automargin=True)
+            xaxis_title="run id")
+    fig.update_xaxes(tickformat="d")
     return fig if rows else _empty(fig, "No finished runs yet.")
 
 
