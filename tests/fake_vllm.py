@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import httpx
 import torch
@@ -34,8 +35,11 @@ SPEC_TOKENS = 8
 
 class FakeVllm:
     def __init__(self, lm: LoadedModel, name: str = "tiny", fail: str | None = None, speculation: str | None = None,
-                 spec_metrics: bool = True) -> None:
+                 spec_metrics: bool = True, draft_delay: float = 0.0) -> None:
         self.lm, self.name, self.fail = lm, name, fail
+        # seconds a draft's request (its prompt ends with the closing marker) waits before each step: a server
+        # busy enough that the drafts are still running when the reasoning ends
+        self.draft_delay = draft_delay
         self.speculation, self.spec_metrics = speculation, spec_metrics
         self.outputs: list[list[int]] = []  # every streamed request's output so far: the suffix method's material
         self.requests: list[dict] = []
@@ -90,7 +94,9 @@ class FakeVllm:
         out: list[int] = []
         with self._lock:
             self.outputs.append(out)
-        tokens = self._tokens(body)
+        close = list(self.lm.markers.close_ids) if self.lm.markers else []
+        delay = self.draft_delay if close and body["prompt"][-len(close):] == close else 0.0
+        tokens = _slowed(self._tokens(body), delay)
         first = next(tokens, None)
         if first is None:
             return
@@ -184,6 +190,13 @@ class FakeVllm:
         return {"id": "pooling-fake", "object": "list", "model": self.name,
                 "data": [{"index": 0, "object": "pooling", "data": rows}],
                 "usage": {"prompt_tokens": len(ids), "total_tokens": len(ids)}}
+
+
+def _slowed(tokens, delay: float):
+    for tok in tokens:
+        if delay:
+            time.sleep(delay)
+        yield tok
 
 
 def _spec_metrics(figures: list[tuple[int, int]]) -> dict:

@@ -106,3 +106,25 @@ def test_the_flag_needs_a_server(tmp_path, capsys):
     assert bench.main(["--server-speculation", "suffix", "--dataset", "bundled-classes", "--limit", "1",
                        "--out", str(tmp_path / "o.json")]) == 2
     assert "--server-speculation describes the --base-url server" in capsys.readouterr().err
+
+
+def test_the_answer_waits_for_the_drafts_so_its_passes_do_not_race_them(lm):
+    """Issue 33: on a real server the answer's passes went 56, 19, 19 on one prompt, depending on
+    how far a draft had got when the answer needed it. The answer now starts once the drafts are
+    whole: with drafts slowed (a busy server: still running when the reasoning ends) it takes as
+    many passes as with drafts that finished long before, and the same answer."""
+    prompt = PROMPTS[1]
+    cfg = run_config("tiny-reasoner", {})
+    figures = []
+    for delay in (0.0, 0.02, 0.0):
+        server = FakeVllm(lm, speculation="suffix", draft_delay=delay)
+        client = VllmClient("http://vllm.test/v1", "tiny", timeout=30, transport=server.transport)
+        rm = RemoteModel(client, lm.tokenizer, lm.model_id, lm.markers, lm.eos_ids, speculation="suffix")
+        done = list(decoder("ssr", rm)(prompt, cfg))[-1]
+        figures.append((done.stats.server_steps, done.stats.server_accepted, done.answer_ids))
+        drafts = [out for r, out in zip(server.requests, server.outputs, strict=False)
+                  if r["prompt"][-len(lm.markers.close_ids):] == list(lm.markers.close_ids)]
+        whole = [len(out) == r["max_tokens"] or out[-1] in lm.eos_ids for r, out in zip(server.requests, server.outputs,
+                                                                                         strict=False) if out in drafts]
+        assert drafts and all(whole), "every draft ran to its end before the answer started"
+    assert figures[0] == figures[1] == figures[2]

@@ -135,12 +135,16 @@ class RemoteState:
         return accepted, nxt
 
 
-def _reason_and_fork(s: RemoteState, budget: ThinkBudget, drafts_stop: threading.Event | None = None) -> Iterator[Event]:
+def _reason_and_fork(s: RemoteState, budget: ThinkBudget, drafts_stop: threading.Event | None = None,
+                     finish_drafts: bool = False) -> Iterator[Event]:
     """Phase A: the main reasoning and the drafts, each a streamed request, as their tokens arrive.
     Ends with ``s.ended``, or with ``s.seq`` holding the reasoning but the token(s) that closed it,
     left in ``s.unfed`` with the tail forced after them (phase B feeds them first). The drafts'
     requests are aborted when it ends, unless the caller owns ``drafts_stop`` (and sets it later: a
-    speculating server reads the drafts while it writes the answer); the main request always ends here."""
+    speculating server reads the drafts while it writes the answer); the main request always ends here.
+    ``finish_drafts``: when the reasoning has ended, wait for the drafts still running to finish
+    (each at ``max_draft`` or its end of sequence), so that the answer starts with every draft whole
+    in the server's material, however far they had got: pass counts that do not race the drafts."""
     cfg, rec, rm, markers = s.cfg, s.rec, s.lm, budget.markers
     eos = rm.eos_ids
     yield rec.phase("reasoning")
@@ -189,6 +193,14 @@ def _reason_and_fork(s: RemoteState, budget: ThinkBudget, drafts_stop: threading
                 break
             s.seq.append(item)
             n += 1
+        while finish_drafts and live:  # the main request has ended: its late tokens, if any, are dropped
+            source, item = arrivals.get(timeout=(rm.client.http.timeout.read or 0) + 30 or None)
+            if isinstance(item, BackendError):
+                raise item
+            if source != "main":
+                yield from _draft_takes(s, live, source, item)
+    except queue.Empty:
+        raise BackendError(f"{rm.client.base_url} sent nothing for too long") from None
     finally:
         stop.set()  # drafts still streaming keep what they have; their requests are aborted
 

@@ -7,8 +7,12 @@ its drafts as today (duplicated requests forked at ``draft_start`` / every ``dra
 streamed beside the main reasoning, which they share a prefix with) and then asks for the answer as
 one plain streamed request. The server proposes the drafts' tokens and verifies them inside its
 own decode steps; the output is what plain decoding gives (the server's speculation is lossless).
-The drafts keep running while the answer is written (a draft must be running or done before the
-answer needs it), and are stopped when the run ends.
+The answer waits for the drafts still running when the reasoning ends to finish (each writes at
+most ``max_draft`` tokens), so that it starts with every draft whole in the server's material:
+its pass counts then repeat run to run instead of depending on how far a draft had got (they went
+56, 19, 19 on one prompt before). What it costs: the time the drafts still need when the
+reasoning ends (none when they finished during it, the usual case with ``max_draft`` below the
+reasoning left after the fork).
 
 The answer streams as the server writes it and is recoloured when its request ends, from the
 stream itself: one chunk is one engine step, so a chunk of k tokens is k - 1 proposed tokens the
@@ -53,7 +57,8 @@ def decode_served_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[
     drafts_stop = threading.Event()  # the drafts run on until the answer is written
     yield rec.phase("prefill")
     try:
-        yield from _reason_and_fork(state, budget, drafts_stop)
+        # the answer starts once every draft is whole in the server's tree: its passes never race the drafts
+        yield from _reason_and_fork(state, budget, drafts_stop, finish_drafts=True)
         if not state.ended:
             yield from budget.open_answer(rec)
             offset = len(budget.forced)
