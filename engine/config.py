@@ -232,7 +232,9 @@ def _valid(name: str, value, cfg: RunConfig) -> bool:
         return isinstance(value, bool)
     if kind is str:
         return isinstance(value, str) and (name not in CHOICES or value in CHOICES[name])
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if isinstance(value, float) and not math.isfinite(value):  # (an int of 400 digits is finite, and too big below)
         return False
     if kind is int and value != int(value):
         return False

@@ -148,7 +148,9 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                     yield Frame.note(f"warming up {name} on {model_name} (once per kind of run, untimed, not logged)…")
                     self.warm(lm, METHOD_NAMES[name], cfg, rsd)
                 view = TraceView(method=METHOD_NAMES[name], think_end=_think_end(lm), thinking=_thinking(lm),
-                                 exact=cfg.exact, budgets=(cfg.max_think, cfg.max_answer),
+                                 exact=cfg.exact,
+                                 # RSD's budget is the whole response: its cut is known from its final stats only
+                                 budgets=None if name == "RSD" else (cfg.max_think, cfg.max_answer),
                                  rule=self.rsd_rule(model_name, cfg) if name == "RSD" else None,
                                  dtypes=_dtypes(lm, rsd if name == "RSD" else {}))
                 yield from self._stream(lm, prompt, name, cfg, view, rsd, job, deadline, last=name == runs[-1])
@@ -247,9 +249,9 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             base_answer, base_flops = pair.answer_text, [pair.stats.flops] if pair.stats.flops else []
             base_ids = lambda: pair.reasoning_ids + pair.answer_ids
         else:
-            kind = self.log.runs(limit=200, method="baseline", model=run["model"])  # the flag's peers: any prompt
-            rows, pooled = pool(matching_baselines(run, [r for r in kind if r["prompt_hash"] == run["prompt_hash"]]),
-                                slow_runs(kind), run_time(run))
+            logged = self.log.runs(limit=200, method="baseline", prompt_hash=run["prompt_hash"], model=run["model"])
+            peers = self.log.runs(limit=200, method="baseline", model=run["model"])  # the flag's peers: any prompt
+            rows, pooled = pool(matching_baselines(run, logged), slow_runs([*peers, *logged]), run_time(run))
             out = {"baselines": len(rows), "matched_on": matched_on(run), "pool": pooled}
             if not rows:
                 return out
@@ -342,7 +344,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             elif points:
                 yield (f'<div class="metrics">sweep done: {html.escape(sweep_summary(points))}</div>',
                        charts.sweep_chart(points))
-        except (ValueError, ModelLoadError, SSRUnsupportedError) as err:
+        except (ValueError, ModelLoadError, SSRUnsupportedError, BackendError) as err:
             yield error_html(str(err)), None
 
 def sweep_summary(points: list[dict]) -> str:

@@ -81,10 +81,14 @@ class PastRuns:
         compare = None
         if row.get("method") not in (None, "baseline") and finished(row) and row.get("prompt"):
             config = row.get("config")
-            cfg = RunConfig(**{k: v for k, v in (config if isinstance(config, dict) else json_object(config)).items()
-                               if k in RunConfig.field_names()})
-            run = {**row, "prompt_hash": prompt_hash(row["prompt"])}
-            compare = self.compare_to_baseline(run, _Done(view.stats, row.get("answer_text") or ""), cfg)
+            try:
+                cfg = RunConfig(**{k: v for k, v in (config if isinstance(config, dict) else json_object(config)).items()
+                                   if k in RunConfig.field_names()})
+            except ValueError:  # logged under older, wider ranges (a threshold of 5): shown, not compared
+                cfg = None
+            if cfg is not None:
+                run = {**row, "prompt_hash": prompt_hash(row["prompt"])}
+                compare = self.compare_to_baseline(run, _Done(view.stats, row.get("answer_text") or ""), cfg)
         frame = Frame.of(view, metrics_html(view, str(row.get("method", "?")), compare))
         return dataclasses.replace(frame, prompt=str(row.get("prompt", "")))
 

@@ -457,7 +457,8 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         budget_boxes = [max_think, max_draft, max_answer, draft_start]
         model.change(model_budgets, [model, *budget_boxes], budget_boxes, **PRIVATE)
-        max_think.input(think_changed, [max_think, draft_start], [draft_start], **PRIVATE)
+        for done_typing in (max_think.submit, max_think.blur):  # not .input: it fires on every keystroke ("1" of "1200")
+            done_typing(think_changed, [max_think, draft_start], [draft_start], **PRIVATE)
 
         # ------------------------------------------------------------------ wiring: history
         def load_history(method_name, dataset_name="all", leave_out_slow=True):

@@ -471,7 +471,8 @@ def _pooled(compare: dict) -> str:
     n = compare["baselines"]
     spread = f", {p['spread'][0]:.2f}-{p['spread'][1]:.2f} s" if n > 1 and p.get("spread") else ""
     ages = p.get("ages")
-    age = (f", {_age(ages[0])} old" if n == 1 else f", {_age(ages[0])} to {_age(ages[1])} old") if ages else ""
+    age = (f", {_age(ages[0])}" if n == 1 or _age(ages[0]) == _age(ages[1]) else f", {_age(ages[0])} to {_age(ages[1])}"
+           ) if ages else ""
     left = _left_out(p)
     which = f" (median of {n} baseline runs{spread}{age})" if n > 1 else f" (1 baseline run{age})"
     return which + (f"; {left}" if left else "")
@@ -485,11 +486,14 @@ def _left_out(pool: dict) -> str:
 
 
 def _age(seconds: float) -> str:
-    """A run's age in words: "40 s", "12 min", "3 h", "2 d"."""
+    """A baseline's age against the run, in words: "40 s old", "12 min old", or "3 h newer" (a
+    replayed run pooled with baselines made after it)."""
+    when = "old" if seconds >= 0 else "newer"
+    seconds = abs(seconds)
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
         if seconds >= size:
-            return f"{seconds / size:.0f} {unit}"
-    return f"{max(seconds, 0):.0f} s"
+            return f"{seconds / size:.0f} {unit} {when}"
+    return f"{seconds:.0f} s {when}"
 
 
 def si(x: float) -> str:

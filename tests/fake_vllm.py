@@ -42,6 +42,7 @@ class FakeVllm:
         self.draft_delay = draft_delay
         self.speculation, self.spec_metrics = speculation, spec_metrics
         self.outputs: list[list[int]] = []  # every streamed request's output so far: the suffix method's material
+        self.streams: list[tuple[dict, list[int]]] = []  # each streamed request with its output, paired as they start
         self.requests: list[dict] = []
         self._lock = threading.Lock()  # one forward at a time, as one model would
 
@@ -94,6 +95,7 @@ class FakeVllm:
         out: list[int] = []
         with self._lock:
             self.outputs.append(out)
+            self.streams.append((body, out))
         close = list(self.lm.markers.close_ids) if self.lm.markers else []
         delay = self.draft_delay if close and body["prompt"][-len(close):] == close else 0.0
         tokens = _slowed(self._tokens(body), delay)

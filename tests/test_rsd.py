@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.config import RunConfig
-from engine.methods.rsd.acceptance import WEIGHTINGS, accept, check_params, weight
+from engine.methods.rsd.acceptance import WEIGHTINGS, accept, weight
 from engine.methods.rsd.loop import decode_rsd
 from engine.methods.rsd.prm import MathShepherdScorer, TargetLikelihoodScorer
 from engine.methods.rsd.writer import Step, read_step
@@ -46,21 +46,23 @@ def test_soft_rules_are_stochastic_binary_is_not():
 
 
 @pytest.mark.parametrize("weighting, threshold, param, message", [
-    ("warp", 0.7, 1.0, "weighting='warp' is not one of"),
-    ("constant", 0.7, 1.5, "outside [0, 1]"),
-    ("logistic", 0.7, 0.0, "must be > 0"),
-    ("binary", float("inf"), 1.0, "must be a finite number"),
+    ("warp", 0.7, 1.0, "Weighting (weighting) must be one of binary, constant, clipping, sigmoidal, logistic; got 'warp'"),
+    ("constant", 0.7, 1.5, "Weight parameter (weight_param) must be a probability in 0..1 (the constant rule's p); got 1.5"),
+    ("logistic", 0.7, 0.0, "Weight parameter (weight_param) must be a number above 0 (the logistic rule's slope); got 0.0"),
+    ("binary", float("inf"), 1.0, "Threshold (threshold) must be a number in 0..2 (above 1: every draft step rewritten); got inf"),
 ])
 def test_rule_parameters_are_checked(weighting, threshold, param, message):
-    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        check_params(weighting, threshold, param)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as err:
         RunConfig(weighting=weighting, threshold=threshold, weight_param=param)
+    assert str(err.value) == message
 
 
-def test_binary_takes_any_real_threshold():
-    for t in (-3.0, 0.0, 0.7, 1.0, 42.0):
-        check_params("binary", t, 1.0)
+def test_the_binary_threshold_spans_every_rule_from_draft_alone_to_target_alone():
+    for t in (0.0, 0.7, 1.0, 1.05, 2.0):  # 0 keeps every step, above 1 (a PRM scores in [0, 1]) none
+        RunConfig(threshold=t)
+    for t in (-3.0, 2.5, 42.0):  # refused, not clamped (before: any real number ran)
+        with pytest.raises(ValueError, match="Threshold \\(threshold\\) must be a number in 0..2"):
+            RunConfig(threshold=t)
     assert set(WEIGHTINGS) == {"binary", "constant", "clipping", "sigmoidal", "logistic"}
 
 

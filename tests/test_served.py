@@ -122,9 +122,8 @@ def test_the_answer_waits_for_the_drafts_so_its_passes_do_not_race_them(lm):
         rm = RemoteModel(client, lm.tokenizer, lm.model_id, lm.markers, lm.eos_ids, speculation="suffix")
         done = list(decoder("ssr", rm)(prompt, cfg))[-1]
         figures.append((done.stats.server_steps, done.stats.server_accepted, done.answer_ids))
-        drafts = [out for r, out in zip(server.requests, server.outputs, strict=False)
-                  if r["prompt"][-len(lm.markers.close_ids):] == list(lm.markers.close_ids)]
-        whole = [len(out) == r["max_tokens"] or out[-1] in lm.eos_ids for r, out in zip(server.requests, server.outputs,
-                                                                                         strict=False) if out in drafts]
+        close = list(lm.markers.close_ids)
+        drafts = [(r, out) for r, out in server.streams if r["prompt"][-len(close):] == close]
+        whole = [len(out) == r["max_tokens"] or (out and out[-1] in lm.eos_ids) for r, out in drafts]
         assert drafts and all(whole), "every draft ran to its end before the answer started"
     assert figures[0] == figures[1] == figures[2]

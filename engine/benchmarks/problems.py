@@ -271,12 +271,13 @@ def reach_hub(attempts: int = HUB_ATTEMPTS, timeout: float = HUB_TIMEOUT_S) -> I
     """Check that the Hugging Face Hub answers before a dataset is read from it, saying each try
     ("reaching the Hub: attempt 2 of 3"): an unreachable Hub is a message after ``attempts`` x
     ``timeout`` seconds, not a silent minute of the datasets library's own retries. Nothing to do
-    offline (``HF_HUB_OFFLINE=1``: the local cache is read)."""
+    offline (``HF_HUB_OFFLINE=1`` or ``HF_DATASETS_OFFLINE=1``: the local cache is read)."""
     import os
 
     import httpx
 
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+    if any(os.environ.get(flag, "").lower() in ("1", "true", "yes", "on")
+           for flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
         return
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     why = ""
@@ -285,7 +286,7 @@ def reach_hub(attempts: int = HUB_ATTEMPTS, timeout: float = HUB_TIMEOUT_S) -> I
         try:
             httpx.head(f"{endpoint}/api/datasets", timeout=timeout)
             return
-        except httpx.HTTPError as err:
+        except (httpx.HTTPError, httpx.InvalidURL) as err:
             why = f"{type(err).__name__}: {err}"
     raise ValueError(f"the Hub ({endpoint}) did not answer {attempts} attempts of {timeout:g} s ({why}): upload the "
                      "dataset as a file instead, or set HF_HUB_OFFLINE=1 to read it from your datasets cache")

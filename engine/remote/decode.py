@@ -140,8 +140,8 @@ def _reason_and_fork(s: RemoteState, budget: ThinkBudget, drafts_stop: threading
     """Phase A: the main reasoning and the drafts, each a streamed request, as their tokens arrive.
     Ends with ``s.ended``, or with ``s.seq`` holding the reasoning but the token(s) that closed it,
     left in ``s.unfed`` with the tail forced after them (phase B feeds them first). The drafts'
-    requests are aborted when it ends, unless the caller owns ``drafts_stop`` (and sets it later: a
-    speculating server reads the drafts while it writes the answer); the main request always ends here.
+    requests are aborted when it ends, unless the caller owns ``drafts_stop`` (and sets it when its
+    run ends); the main request always ends here.
     ``finish_drafts``: when the reasoning has ended, wait for the drafts still running to finish
     (each at ``max_draft`` or its end of sequence), so that the answer starts with every draft whole
     in the server's material, however far they had got: pass counts that do not race the drafts."""

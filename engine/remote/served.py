@@ -54,7 +54,7 @@ def decode_served_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[
     index.extend("prompt", prompt_ids)
     state = RemoteState(rm, cfg, rec, index, prompt_ids)
     budget = ThinkBudget(markers, cfg.max_think)
-    drafts_stop = threading.Event()  # the drafts run on until the answer is written
+    drafts_stop = threading.Event()  # the drafts run to their end (finish_drafts); set at the end: aborts any left
     yield rec.phase("prefill")
     try:
         # the answer starts once every draft is whole in the server's tree: its passes never race the drafts

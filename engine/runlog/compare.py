@@ -12,8 +12,9 @@ everything that changes the output or the speed.
 
 Noise: a run is *flagged slow* (:func:`slow_runs`) when its seconds per forward are more than
 ``SLOW_FACTOR`` times the median of the finished runs of its kind (same model, method, precision,
-device, step mode and exact mode; at least ``MIN_KIND`` of them): the model did the same work per
-forward as its peers, so the extra time came from outside the run (a busy machine, a first run
+device, step mode and exact mode; at least ``MIN_KIND`` of them; runs in process only: a server's
+run counts requests, not forwards): the model did the same work per forward as its peers, so the
+extra time came from outside the run (a busy machine, a first run
 in a fresh process). Pooled baselines (:func:`pool`) leave flagged runs out and take only runs
 within ``POOL_WINDOW_S`` of the run judged; every pooled ratio says how many runs it pools, their
 spread and their age.
@@ -86,8 +87,11 @@ def kind_key(run: Mapping) -> tuple:
 
 
 def per_forward(run: Mapping) -> float | None:
-    """A finished run's wall seconds per forward (None without both)."""
+    """A finished in-process run's wall seconds per forward (None without both, and for a run on a
+    server: its ``forward_calls`` count requests, not forwards, so the figure says nothing there)."""
     wall, forwards = run.get("wall_s"), run.get("forward_calls")
+    if str(run.get("device") or "").startswith(("http://", "https://")):
+        return None
     return wall / forwards if finished(run) and wall and forwards else None
 
 

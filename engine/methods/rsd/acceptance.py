@@ -21,19 +21,6 @@ import math
 WEIGHTINGS = ("binary", "constant", "clipping", "sigmoidal", "logistic")
 
 
-def check_params(weighting: str, threshold: float, param: float) -> None:
-    """ValueError for a rule or parameter outside what the rule defines. The binary rule takes any
-    real threshold (0 accepts every step with a reward in [0, 1], above 1 rejects every step)."""
-    if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting={weighting!r} is not one of {', '.join(WEIGHTINGS)}")
-    if not math.isfinite(threshold):
-        raise ValueError(f"threshold={threshold!r} must be a finite number")
-    if weighting == "constant" and not 0 <= param <= 1:
-        raise ValueError(f"weighting 'constant' needs a probability: weight_param={param!r} is outside [0, 1]")
-    if weighting == "logistic" and not (math.isfinite(param) and param > 0):
-        raise ValueError(f"weighting 'logistic' needs a slope: weight_param={param!r} must be > 0")
-
-
 def weight(weighting: str, reward: float, threshold: float = 0.7, param: float = 1.0) -> float:
     """Probability of keeping a draft step with this ``reward``."""
     if weighting == "binary":
