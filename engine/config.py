@@ -182,6 +182,11 @@ LABELS = {"max_think": "Max think", "max_answer": "Max answer", "temperature": "
           "compile": "Compiled steps"}
 COUNTS = ("max_think", "max_answer", "max_draft", "num_drafts", "max_spec", "min_match", "max_steps", "max_step_tokens")
 CHOICES = {"weighting": WEIGHTINGS, "compile": COMPILE_MODES, "exact_route": EXACT_ROUTES}
+# the plain ranges, inclusive, with what their ends mean: rule() words them, _valid() checks them
+RANGES = {**{name: (1, MAX_COUNT, "") for name in COUNTS},
+          "think_spec": (0, MAX_COUNT, " (0: one token per reasoning step)"), "seed": (0, MAX_SEED, ""),
+          "temperature": (0, MAX_TEMPERATURE, " (0: greedy)"),
+          "threshold": (0, THRESHOLD_MAX, " (above 1: every draft step rewritten)"), "draft_confidence": (0, 1, " (0: off)")}
 
 
 def _get(context, name: str):
@@ -193,8 +198,10 @@ def rule(name: str, context=None) -> str:
     """What setting ``name`` takes, in words, given the other settings (``context``: a RunConfig or
     a dict; a draft start's range depends on max think, a weight parameter's on the weighting).
     The one statement of each range: the checks below, the messages and the studio's boxes use it."""
-    if name in COUNTS:
-        return f"a whole number in 1..{MAX_COUNT}"
+    if name in RANGES:
+        low, high, note = RANGES[name]
+        kind = "a whole number" if type(getattr(RunConfig, name)) is int else "a number"
+        return f"{kind} in {low:g}..{high:g}{note}" if isinstance(high, float) else f"{kind} in {low}..{high}{note}"
     if name == "draft_start":
         think = _get(context, "max_think")
         return (f"a whole number in 0..{think - 1} (below Max think {think})" if isinstance(think, int) and think >= 1
@@ -202,24 +209,14 @@ def rule(name: str, context=None) -> str:
     if name == "draft_interval":
         many = (_get(context, "num_drafts") or 1) > 1
         return f"a whole number in {1 if many else 0}..{MAX_COUNT}" + (" (Number of drafts is above 1)" if many else "")
-    if name == "think_spec":
-        return f"a whole number in 0..{MAX_COUNT} (0: one token per reasoning step)"
-    if name == "seed":
-        return f"a whole number in 0..{MAX_SEED}"
-    if name == "temperature":
-        return f"a number in 0..{MAX_TEMPERATURE:g} (0: greedy)"
     if name == "top_p":
         return "a number above 0, at most 1"
     if name == "spec_factor":
         return "a number >= 0 (0: no cap)"
-    if name == "threshold":
-        return f"a number in 0..{THRESHOLD_MAX:g} (above 1: every draft step rewritten)"
     if name == "weight_param":
         weighting = _get(context, "weighting")
         return {"constant": "a probability in 0..1 (the constant rule's p)",
                 "logistic": "a number above 0 (the logistic rule's slope)"}.get(weighting, "a finite number")
-    if name == "draft_confidence":
-        return "a number in 0..1 (0: off)"
     if name in CHOICES:
         return f"one of {', '.join(CHOICES[name])}"
     return "true or false"
@@ -238,22 +235,19 @@ def _valid(name: str, value, cfg: RunConfig) -> bool:
         return False
     if kind is int and value != int(value):
         return False
-    low = {"draft_interval": 1 if cfg.num_drafts > 1 else 0, "draft_start": 0, "think_spec": 0, "seed": 0}.get(
-        name, 1 if name in COUNTS else None)
-    if low is not None:
-        return low <= value <= (MAX_SEED if name == "seed" else MAX_COUNT)
-    if name == "temperature":
-        return 0 <= value <= MAX_TEMPERATURE
+    if name in RANGES:
+        low, high, _ = RANGES[name]
+        return low <= value <= high
+    if name == "draft_start":  # any run takes 0..MAX_COUNT; SSR's bound below max think is check_ssr's
+        return 0 <= value <= MAX_COUNT
+    if name == "draft_interval":
+        return (1 if cfg.num_drafts > 1 else 0) <= value <= MAX_COUNT
     if name == "top_p":
         return 0 < value <= 1
     if name == "spec_factor":
         return value >= 0
-    if name == "threshold":
-        return 0 <= value <= THRESHOLD_MAX
     if name == "weight_param":
         return {"constant": 0 <= value <= 1, "logistic": value > 0}.get(cfg.weighting, True)
-    if name == "draft_confidence":
-        return 0 <= value <= 1
     return True
 
 

@@ -68,17 +68,19 @@ def decoder(name: str, target: LoadedModel | RemoteModel, draft: LoadedModel | N
         run = partial(SINGLE_MODEL[name], target)
     else:
         run = partial(decode_rsd, target, draft, scorer, mode=name, writer=rsd_writer)
-    return partial(_noting_cuts, run, name, target.markers is not None)
+    return partial(_noting_cuts, run, name)
 
 
-def _noting_cuts(run: Decoder, name: str, reasons: bool, prompt: str, cfg: RunConfig) -> Iterator[Event]:
+def _noting_cuts(run: Decoder, name: str, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     """``run``'s events, its final stats saying which budget cut it (``RunStats.cut``: the one rule,
     :func:`engine.methods.budget.budget_cut`, for every method and backend)."""
     events = run(prompt, cfg)
     try:
         for ev in events:
             if isinstance(ev, DoneEvent):
-                ev.stats.cut = budget_cut(ev.stats, cfg, rsd=name in RSD_METHODS, reasons=reasons)
+                s = ev.stats
+                s.cut = budget_cut(s.reasoning_tokens, s.answer_tokens, cfg.max_think, cfg.max_answer,
+                                   rsd=name in RSD_METHODS)
             yield ev
     finally:
         events.close()  # a consumer that stops early closes the run (it logs itself cancelled)

@@ -78,7 +78,7 @@ def _as_logged(runs: list[dict]) -> list[dict]:
 
 class BenchmarkRuns:
     """The Benchmark tab's handler, over the studio's models (``self.model``, ``self.scorer``), run
-    log, settings (``self.config``) and model lock (``self._lock``)."""
+    log, settings (``self.config``) and model lock (``self.claim_model``)."""
 
     def benchmark(self, dataset: str = "", upload: str | None = None, methods=("baseline", "ssr"), limit=20,
                   repeat=1, sample_seed="", question_field: str = "", answer_field: str = "", task: str = "auto",
@@ -137,9 +137,8 @@ class BenchmarkRuns:
             lm.require_markers()
         bench = Bench(models, methods, cfg, log=self.log, dataset=label, origin="app")
         total = bench.total(problems, int(repeat))
-        if not self._lock.acquire(blocking=False):
-            yield BenchFrame(progress_html(0, total, "waiting for the model: another run is using it…"))
-            self._lock.acquire()
+        for waiting in self.claim_model():
+            yield BenchFrame(progress_html(0, total, waiting))
         runs: list[dict] = []
         try:
             cold = [m for m in bench.methods if not self.is_warm(lm, m, cfg)]

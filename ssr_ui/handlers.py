@@ -78,6 +78,13 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         self.jobs = Jobs()
         self._lock = threading.Lock()  # one run on the model at a time
 
+    def claim_model(self) -> Iterator[str]:
+        """Take the model for one job (a run, a comparison, a sweep, a benchmark): at once when it is
+        free, else after yielding the line that says why it waits. The caller releases ``_lock``."""
+        if not self._lock.acquire(blocking=False):
+            yield "waiting for the model: another run is using it…"
+            self._lock.acquire()
+
     def config(self, model_name: str, **settings) -> RunConfig:
         """The run's config: the model's recommended settings under what the user set (values as a
         form or an API client sends them; ValueError naming the field and its range when one is
@@ -135,9 +142,8 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 scorer = self.scorer(prm)
             rsd = {"draft": draft_lm, "scorer": scorer, "draft_name": draft_model, "prm_name": prm}
             check_pair(lm, rsd["draft"])  # (models load once, by name: the pair is checked per run)
-        if not self._lock.acquire(blocking=False):
-            yield Frame.note("waiting for the model: another run is using it…")
-            self._lock.acquire()
+        for waiting in self.claim_model():
+            yield Frame.note(waiting)
         try:
             deadline = time.perf_counter() + self.max_run_s
             finals = {}
@@ -251,7 +257,8 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         else:
             logged = self.log.runs(limit=200, method="baseline", prompt_hash=run["prompt_hash"], model=run["model"])
             peers = self.log.runs(limit=200, method="baseline", model=run["model"])  # the flag's peers: any prompt
-            rows, pooled = pool(matching_baselines(run, logged), slow_runs([*peers, *logged]), run_time(run))
+            judged = {r["id"]: r for r in [*peers, *logged]}.values()  # each run once (most are in both)
+            rows, pooled = pool(matching_baselines(run, logged), slow_runs(judged), run_time(run))
             out = {"baselines": len(rows), "matched_on": matched_on(run), "pool": pooled}
             if not rows:
                 return out
@@ -307,9 +314,8 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 yield html_note(f"loading {name}… {status}"), None
             lm = self.model(model_name)
             lm.require_markers()  # SSR on a model that does not reason: refused before the baseline runs
-            if not self._lock.acquire(blocking=False):
-                yield html_note("waiting for the model: another run is using it…"), None
-                self._lock.acquire()
+            for waiting in self.claim_model():
+                yield html_note(waiting), None
             try:
                 if not (self.is_warm(lm, "baseline", configs[0]) and self.is_warm(lm, "ssr", configs[0])):
                     yield html_note("sweep: warming up baseline and SSR once (untimed, not logged)…"), None

@@ -19,6 +19,7 @@ from engine.events import (
     TokenEvent,
     TokenTally,
 )
+from engine.methods.budget import budget_cut
 from engine.registry import PLAIN
 
 CSS = (Path(__file__).resolve().parents[1] / "assets" / "studio.css").read_text()
@@ -198,7 +199,7 @@ class TraceView:
             how = (f"the marker written as text over {len(marker)} tokens (prompted reasoning)" if len(marker) > 1
                    or self.thinking == "prompted" else "the end-of-thinking token")
             tip = f"end of thinking: {how}; {'ids' if len(marker) > 1 else 'id'} {' '.join(map(str, marker))}"
-            if "reasoning" in self.cut:  # the budget closed it, not the model: said on the badge itself
+            if "reasoning" in self.cut_parts:  # the budget closed it, not the model: said on the badge itself
                 tip = (f"cut at Max think ({len(self.reasoning)} tokens): the model was still reasoning, so the end of "
                        f"thinking was forced here; {tip}")
                 badge = f'<span class="think-end cut" title="{html.escape(tip)}">cut at Max think</span>'
@@ -249,7 +250,7 @@ class TraceView:
             left = max(len(self.reasoning) - fork, 0)
             empty = (f"This draft wrote {'nothing' if not self.drafts[which] else 'only blank lines'}: the reasoning "
                      f"ended {left} token{'s' if left != 1 else ''} after it forked"
-                     + (" (cut at Max think)" if "reasoning" in self.cut else "")
+                     + (" (cut at Max think)" if "reasoning" in self.cut_parts else "")
                      + ", and a draft writes only while the reasoning runs.")
             return head + _pane([], empty)
         return head + _pane(_trimmed(self.drafts[which]), empty)
@@ -263,7 +264,7 @@ class TraceView:
             return _pane(spans, "Stopped before the answer.")
         pane = _pane(spans, "The answer appears here." if self.thinking == "none" else
                      "The answer appears when the reasoning ends.")
-        cut = [p.strip() for p in self.cut.split(",")]
+        cut = self.cut_parts
         if "answer" in cut or "response" in cut:
             what = "Max answer" if "answer" in cut else "Max think + Max answer (RSD's budget)"
             return pane + (f'<div class="pane-note cut">⚠ cut at {what}: the model had not finished, so this answer '
@@ -279,20 +280,18 @@ class TraceView:
         final stats once it has them, else from the counts so far and :attr:`budgets`."""
         if self.stats is not None:
             return self.stats.cut or ""
-        if self.budgets is None:
-            return ""
-        think, answer = self.budgets
-        closed = self._close() is not None
-        cut = [part for part, hit in (("reasoning", closed and len(self.reasoning) >= think),
-                                      ("answer", len(self.answer) >= answer)) if hit]
-        return ", ".join(cut)
+        return budget_cut(len(self.reasoning), len(self.answer), *self.budgets) if self.budgets else ""
+
+    @property
+    def cut_parts(self) -> list[str]:
+        """:attr:`cut` as its parts: "reasoning", "answer", "response" (none when nothing was cut)."""
+        return [p.strip() for p in self.cut.split(",") if p.strip()]
 
     def cut_words(self) -> str:
         """The cut in words, for the strip and the panes ("" when the run ended by itself)."""
-        parts = [p.strip() for p in self.cut.split(",") if p.strip()]
         words = {"reasoning": "the reasoning at Max think", "answer": "the answer at Max answer",
                  "response": "the response at Max think + Max answer (RSD's budget)"}
-        return " and ".join(words.get(p, p) for p in parts)
+        return " and ".join(words.get(p, p) for p in self.cut_parts)
 
     @property
     def finished(self) -> bool:

@@ -154,15 +154,13 @@ def test_a_run_cut_by_its_budgets_says_so_everywhere(studio):
 
 
 def test_a_run_that_ends_by_itself_is_not_cut(studio):
-    from engine.events import RunStats
     from engine.methods.budget import budget_cut
 
-    cfg = RunConfig(max_think=10, max_answer=10)
-    assert budget_cut(RunStats(reasoning_tokens=9, answer_tokens=4), cfg) == ""
-    assert budget_cut(RunStats(reasoning_tokens=10, answer_tokens=4), cfg) == "reasoning"
-    assert budget_cut(RunStats(reasoning_tokens=0, answer_tokens=10), cfg, reasons=False) == "answer"
-    assert budget_cut(RunStats(reasoning_tokens=12, answer_tokens=8), cfg, rsd=True) == "response"
-    assert budget_cut(RunStats(reasoning_tokens=12, answer_tokens=7), cfg, rsd=True) == ""
+    assert budget_cut(9, 4, 10, 10) == ""
+    assert budget_cut(10, 4, 10, 10) == "reasoning"
+    assert budget_cut(0, 10, 10, 10) == "answer"  # a model without think markers: all its output is answer
+    assert budget_cut(12, 8, 10, 10, rsd=True) == "response"
+    assert budget_cut(12, 7, 10, 10, rsd=True) == ""
 
 
 # ----------------------------------------------------------------------------- 8. states named as they are

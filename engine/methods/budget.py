@@ -23,25 +23,24 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from engine.config import RunConfig
-from engine.events import Event, RunStats
+from engine.events import Event
 from engine.methods.recorder import Recorder
 from engine.runtime.model import ThinkMarkers
 
 
-def budget_cut(stats: RunStats, cfg: RunConfig, rsd: bool = False, reasons: bool = True) -> str:
-    """Which budget cut a finished run, from its counts (``RunStats.cut``): "" (it ended by
-    itself), "reasoning" (the end of thinking forced at ``max_think``), "answer" (stopped at
-    ``max_answer`` before its end of sequence), "reasoning, answer", or for the RSD family (one
-    budget for the whole response) "response". Exact, not a guess: the model picks at most
-    ``max_think - k`` reasoning tokens (:attr:`ThinkBudget.picks`), so a reasoning of ``max_think``
-    tokens always ends in a forced marker; an answer stops at ``max_answer`` without drawing its
-    end of sequence. ``reasons``: the model has think markers (else all its output is answer)."""
+def budget_cut(reasoning: int, answer: int, max_think: int, max_answer: int, rsd: bool = False) -> str:
+    """Which budget cut a run of ``reasoning`` and ``answer`` tokens (``RunStats.cut``; the studio
+    asks it of a run still streaming too): "" (it ended by itself), "reasoning" (the end of
+    thinking forced at ``max_think``), "answer" (stopped at ``max_answer`` before its end of
+    sequence), "reasoning, answer", or for the RSD family (one budget for the whole response)
+    "response". Exact, not a guess: the model picks at most ``max_think - k`` reasoning tokens
+    (:attr:`ThinkBudget.picks`), so a reasoning of ``max_think`` tokens always ends in a forced
+    marker (and a model without think markers writes no reasoning); an answer stops at
+    ``max_answer`` without drawing its end of sequence."""
     if rsd:
-        return "response" if stats.reasoning_tokens + stats.answer_tokens >= cfg.max_tokens else ""
-    cut = [part for part, hit in (("reasoning", reasons and stats.reasoning_tokens >= cfg.max_think),
-                                  ("answer", stats.answer_tokens >= cfg.max_answer)) if hit]
-    return ", ".join(cut)
+        return "response" if reasoning + answer >= max_think + max_answer else ""
+    return ", ".join(part for part, hit in (("reasoning", reasoning >= max_think), ("answer", answer >= max_answer))
+                     if hit)
 
 
 @dataclass

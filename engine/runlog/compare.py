@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 
 SLOW_FACTOR = 2.0  # a run is flagged slow past this many times its kind's median seconds per forward
 MIN_KIND = 3  # finished runs of one kind before any of them can be flagged (fewer: nothing to judge by)
-POOL_WINDOW_S = 1800.0  # pooled baselines lie within this many seconds of the newest one (no stale mixes)
+POOL_WINDOW_S = 1800.0  # pooled baselines lie within this many seconds of the run judged (no stale mixes)
 
 
 def finished(run: Mapping) -> bool:
@@ -115,7 +115,8 @@ def slow_runs(rows: Iterable[Mapping]) -> dict[int, str]:
     return flagged
 
 
-def _when(run: Mapping) -> datetime | None:
+def run_time(run: Mapping) -> datetime | None:
+    """When a logged run was made, in UTC (None for a run not logged yet, or an unreadable time)."""
     try:
         when = datetime.fromisoformat(str(run.get("created_at")))
     except ValueError:
@@ -132,15 +133,10 @@ def pool(baselines: list[Mapping], slow: Mapping[int, str], at: datetime | None 
     ``left_old`` (runs left out, and why)."""
     at = at or datetime.now(timezone.utc)
     steady = [b for b in baselines if b.get("id") not in slow]
-    near = [b for b in steady if _when(b) is not None and abs((at - _when(b)).total_seconds()) <= POOL_WINDOW_S]
+    near = [b for b in steady if run_time(b) is not None and abs((at - run_time(b)).total_seconds()) <= POOL_WINDOW_S]
     kept = near or steady[:1]
     walls = [b["wall_s"] for b in kept]
-    times = [_when(b) for b in (kept[:1] + kept[-1:])] if kept else []
+    times = [run_time(b) for b in (kept[:1] + kept[-1:])] if kept else []
     ages = tuple((at - w).total_seconds() for w in times) if times and None not in times else None
     return kept, {"n": len(kept), "spread": (min(walls), max(walls)) if walls else None, "ages": ages,
                   "left_slow": len(baselines) - len(steady), "left_old": len(steady) - len(kept)}
-
-
-def run_time(run: Mapping) -> datetime | None:
-    """When a logged run was made (None for a run not logged yet, or an unreadable time)."""
-    return _when(run)
