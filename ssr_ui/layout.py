@@ -457,7 +457,14 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         budget_boxes = [max_think, max_draft, max_answer, draft_start]
         model.change(model_budgets, [model, *budget_boxes], budget_boxes, **PRIVATE)
-        for done_typing in (max_think.submit, max_think.blur):  # not .input: it fires on every keystroke ("1" of "1200")
+        def think_typed(think):
+            """While Max think is typed, key by key: the draft-start box's stated range follows it,
+            its value never moves ("1", the first key of "1200", is not Max think yet)."""
+            think = _whole(think)
+            return gr.update(info=_draft_start_info(think)) if think is not None and think >= 1 else gr.update()
+
+        max_think.input(think_typed, [max_think], [draft_start], **PRIVATE)
+        for done_typing in (max_think.submit, max_think.blur):  # typing done: an out-of-range value moves, said
             done_typing(think_changed, [max_think, draft_start], [draft_start], **PRIVATE)
 
         # ------------------------------------------------------------------ wiring: history

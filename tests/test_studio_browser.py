@@ -312,7 +312,8 @@ def test_34_settings_keep_what_was_typed_and_say_what_moved(page):
     think.press("Enter")
     page.wait_for_function("document.querySelector('#draft-start').innerText.includes('0..499')", timeout=10_000)
     assert start.input_value() == "60"
-    think.fill("50")
+    think.fill("")
+    think.press_sequentially("50", delay=150)  # typed as a user types (fill() then Enter raced the box's value)
     think.press("Enter")
     page.wait_for_function("document.querySelector('#draft-start input').value === '49'", timeout=10_000)
     page.get_by_text("Draft start 60 -> 49: it must stay below Max think (50)").wait_for(timeout=10_000)
