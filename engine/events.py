@@ -14,6 +14,15 @@ Streams and statuses:
 * ``draft``: each draft's tokens as written (``generated``), then re-emitted with the same
   ``position`` as ``accepted`` / ``recovered`` when taken, or ``rejected`` when proposed and not
   taken. A token taken later is re-emitted as taken; a taken token is never marked rejected.
+
+Forwards: every forward of a model becomes a :class:`ForwardEvent`, yielded before the tokens it
+chose: its phase, its start and end (device synchronised: the end is when its logits were ready),
+and one :class:`RowWork` per row it computed (SSR's main row and the drafts riding in its batch;
+RSD's draft, target and PRM each run their own forwards): tokens fed, tokens it chose that joined a
+stream (``kept``), tokens forced after it without a pick (the end-of-thinking marker and the template
+tail at the budget, a draft's opening tail), and for a verify what was proposed, by whom, and how
+much of it was accepted. Over a server a record is a request, as far as the server reports.
+The forwards add up: every token of every stream is one forward's ``kept`` or ``forced``.
 """
 
 from __future__ import annotations
@@ -110,6 +119,16 @@ class RunStats:
     # which budget cut the run (engine.methods.budget.budget_cut): "" it ended by itself, "reasoning" (the end of
     # thinking forced at max_think), "answer" (stopped at max_answer), "reasoning, answer", or RSD's "response"
     cut: str = ""
+    # the forwards' own accounting (ForwardEvent): seconds inside forwards (the rest of wall_s is the loops'
+    # bookkeeping), what the drafts riding in the reasoning's batch cost beyond a lone step, and the verifies
+    forward_s: float = 0.0
+    drafting_s: float = 0.0
+    verifies: int = 0  # forwards that verified a proposal (SSR's answer and reasoning lookups, on any row)
+    verify_proposed: int = 0
+    verify_accepted: int = 0
+    # per proposer, JSON: {"draft prefix": {"hist": [verifies that accepted 0, 1, ... tokens],
+    #   "reached": [verifies proposing a 1st, 2nd, ... token], "taken": [of those, accepted]}, ...}
+    acceptance: str = ""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -135,6 +154,46 @@ class StepEvent:
 
 
 @dataclass(frozen=True)
+class RowWork:
+    """One row's part in a forward."""
+
+    row: str  # "main" (the reasoning, then the answer), "draft 0", ...; RSD: "draft", "target", "prm"
+    fed: int  # tokens fed: what the row owed the cache, then the proposal
+    kept: int = 0  # tokens this forward's logits chose that joined a stream: accepted proposal, then its own pick
+    forced: int = 0  # tokens put on the row's stream after this forward without a pick (budget, template)
+    proposed: int = 0  # proposal tokens verified
+    accepted: int = 0  # of them, accepted
+    proposer: str | None = None  # "draft prefix", "suffix in drafts", "lookup in prompt" (reasoning, answer, draft)
+    note: str | None = None  # what else a lane shows on hover (RSD: the step's reward and verdict)
+
+
+@dataclass(frozen=True)
+class ForwardEvent:
+    """One forward (one request over a server), yielded before the tokens it chose."""
+
+    index: int  # 0, 1, ... in the order the forwards ran
+    phase: str  # the phase it ran in: "prefill", "reasoning", "answer"
+    start: float  # seconds since the run started
+    end: float  # when its logits were ready (the device synchronised); ``end - start`` is its wall time
+    rows: tuple[RowWork, ...]
+    kind: str = "forward"
+
+    @property
+    def t(self) -> float:
+        return self.end
+
+    @property
+    def wall_s(self) -> float:
+        return self.end - self.start
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> ForwardEvent:
+        """Back from ``dataclasses.asdict`` (a JSON trace, the run log's column)."""
+        rows = tuple(RowWork(**r) for r in raw["rows"])
+        return cls(raw["index"], raw["phase"], raw["start"], raw["end"], rows)
+
+
+@dataclass(frozen=True)
 class DoneEvent:
     stats: RunStats
     reasoning_text: str
@@ -145,7 +204,7 @@ class DoneEvent:
     kind: str = "done"
 
 
-Event = PhaseEvent | TokenEvent | StepEvent | DoneEvent
+Event = PhaseEvent | TokenEvent | StepEvent | ForwardEvent | DoneEvent
 
 
 class TokenTally:

@@ -13,12 +13,13 @@ import html
 import io
 import json
 
-from engine.events import PhaseEvent, RunStats, StepEvent, TokenEvent
+from engine.events import ForwardEvent, PhaseEvent, RunStats, StepEvent, TokenEvent
 from ssr_ui.render import LEGEND, TraceView, metrics_html
 
 FORMAT = "ssr-studio-trace/1"
 MAX_TRACE_BYTES = 20 * 2**20  # the largest upload (a trace to import) the studio accepts
-_KINDS = {"phase": PhaseEvent, "token": TokenEvent, "step": StepEvent}
+_KINDS = {"phase": lambda raw: PhaseEvent(**raw), "token": lambda raw: TokenEvent(**raw),
+          "step": lambda raw: StepEvent(**raw), "forward": ForwardEvent.from_dict}
 
 
 def run_to_json(row: dict, events: list) -> str:
@@ -43,8 +44,8 @@ def run_from_json(text: str) -> tuple[dict, list]:
         if cls is None:
             raise ValueError(f"event {i} has an unknown kind")
         try:
-            events.append(cls(**raw))
-        except TypeError as err:
+            events.append(cls(raw))
+        except (TypeError, KeyError) as err:
             raise ValueError(f"event {i} is malformed: {err}") from None
     return doc.get("run", {}), events
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from engine.config import RunConfig
-from engine.events import Event
+from engine.events import Event, RowWork
 from engine.methods.budget import ThinkBudget
 from engine.methods.recorder import Recorder
 from engine.methods.sampling import Chooser
@@ -36,10 +36,16 @@ def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Even
     markers = lm.markers
     seq = CachedModel(lm, len(prompt_ids) + new_tokens)
 
-    # 1. prefill
+    # 1. prefill. A forward is yielded when its logits are read (its pick, or the budget forcing
+    #    instead), before the tokens it chose: ``fed`` holds the last forward's timing until then
     yield rec.phase("prefill")
+    t0 = rec.now()
     logits = seq.feed(prompt_ids)  # [V]
-    rec.forward()
+    fed = (t0, rec.clock(), len(prompt_ids), "prefill")
+
+    def forward(kept: int, forced: int = 0):
+        start, end, width, phase = fed
+        return rec.forward(start, [RowWork("main", width, kept, forced)], end=end, phase=phase)
 
     # 2. reasoning (skipped for models without think markers: everything is the answer)
     ended = False  # the model ended the sequence inside its reasoning: no answer
@@ -50,14 +56,17 @@ def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Even
             tok = None if budget.spent(len(reasoning)) else chooser.pick(logits)  # nothing is drawn at the budget
             if budget.ends_run(tok, lm.eos_ids):
                 ended = True
+                yield forward(0)
                 break
             forced = tok is None or tok in lm.eos_ids  # the budget, or a prompted model's end of turn, closes it
             toks = budget.force() if forced else [tok]
+            yield forward(0 if forced else 1, len(toks) + len(budget.forced) if forced else 0)
             for tok in toks:
                 yield rec.token("reasoning", tok)
             reasoning += toks
+            t0 = rec.now()
             logits = seq.feed([*toks, *budget.forced])  # the forced tail rides with the marker
-            rec.forward()
+            fed = (t0, rec.clock(), len(toks) + len(budget.forced), "reasoning")
             if forced or markers.closes_at(reasoning, len(reasoning) - 1):
                 break
 
@@ -67,13 +76,20 @@ def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Even
     while not ended and answered < cfg.max_answer:
         tok = chooser.pick(logits)
         if tok in lm.eos_ids:
+            yield forward(0)
+            fed = None
             break
+        yield forward(1)
         yield rec.token("answer", tok)
         answered += 1
+        fed = None
         if answered == cfg.max_answer:
             break
+        t0 = rec.now()
         logits = seq.feed([tok])
-        rec.forward()
+        fed = (t0, rec.clock(), 1, "answer")
+    if fed is not None and not ended:  # logits no one read: the answer's budget was spent before it
+        yield forward(0)
     rec.stats.flops = rec.stats.target_flops = seq.flops  # 2 x parameters x tokens, as RSD counts its models
     rec.stats.target_tokens = seq.prefill_tokens + seq.decode_tokens
     rec.stats.cache_mb = cache_mb(seq.cache)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
@@ -34,20 +35,24 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from engine.config import RunConfig
-from engine.events import Event, RunStats, TokenEvent
+from engine.events import Event, RowWork, RunStats, TokenEvent
 from engine.methods.budget import ThinkBudget
 from engine.methods.recorder import Recorder
 from engine.methods.seams import StepModel
+from engine.runtime.cached import Span
 from engine.runtime.markers import ThinkMarkers
 
 PLD_TOKENS = 10
 
 
 class _Clock(BaseStreamer):
-    """Records when each generated token arrives (the first ``put`` of a call is its input)."""
+    """Records when each generated token arrives (the first ``put`` of a call is its input), and
+    which forward produced it: every ``put`` follows the forward whose logits chose its tokens, so
+    its count goes to the newest of ``spans`` (``Span.kept``: produced, until the emitted ones are known)."""
 
-    def __init__(self) -> None:
+    def __init__(self, spans: list[Span]) -> None:
         self.times: list[float] = []
+        self.spans = spans
         self._prompt_seen = False
 
     def put(self, value: torch.Tensor) -> None:
@@ -55,6 +60,8 @@ class _Clock(BaseStreamer):
             self._prompt_seen = True
             return
         self.times.extend([time.perf_counter()] * value.numel())
+        if self.spans:
+            self.spans[-1].kept += value.numel()
 
     def end(self) -> None:
         pass
@@ -92,11 +99,40 @@ class _Calls:
         self.first: dict = dict(cache_implementation="static", max_cache_len=capacity) if static else {}
         self.prompt_lookup = prompt_lookup
         self.cache = None
+        self.spans: list[Span] = []  # the model's forwards in the current call (the hooks in forwards() fill it)
 
-    def generate(self, ids: list[int], max_new: int, stop: StoppingCriteria | None = None) -> tuple[list[int], list[float]]:
+    @contextmanager
+    def forwards(self) -> Iterator[None]:
+        """Time every forward of the model (its start and, device synchronised, its end) and its width."""
+        model = self.lm.model
+
+        def before(module, args, kwargs):
+            self.spans.append(Span(time.perf_counter(), 0.0, 0))
+
+        def after(module, args, kwargs, output):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is None:
+                ids = kwargs.get("inputs_embeds")
+            if output.logits.device.type == "cuda":
+                torch.cuda.synchronize(output.logits.device)
+            span = self.spans[-1]
+            span.end, span.fed = time.perf_counter(), int(ids.shape[1]) if ids is not None else 0
+
+        hooks = [model.register_forward_pre_hook(before, with_kwargs=True),
+                 model.register_forward_hook(after, with_kwargs=True)]
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    def generate(self, ids: list[int], max_new: int,
+                 stop: StoppingCriteria | None = None) -> tuple[list[int], list[float], list[Span]]:
         """Up to ``max_new`` tokens after ``ids`` (an end of sequence included, if one came; with prompt
-        lookup maybe tokens past ``stop``), and the ``perf_counter`` time each one arrived."""
-        clock = _Clock()
+        lookup maybe tokens past ``stop``), the ``perf_counter`` time each one arrived, and the call's
+        forwards (each with the tokens it produced)."""
+        self.spans = []
+        clock = _Clock(self.spans)
         kwargs = {**self.kwargs, "max_new_tokens": max_new, "streamer": clock}
         if stop is not None:
             kwargs["stopping_criteria"] = StoppingCriteriaList([stop])
@@ -108,7 +144,7 @@ class _Calls:
         self.cache = None if self.prompt_lookup else out.cache
         new = out.sequences[0, len(ids) :].tolist()
         assert len(clock.times) >= len(new), f"the streamer saw {len(clock.times)} of {len(new)} generated tokens"
-        return new, clock.times[: len(new)]
+        return new, clock.times[: len(new)], self.spans
 
 
 def decode_hf(lm: StepModel, prompt: str, cfg: RunConfig, prompt_lookup: bool = False,
@@ -124,58 +160,85 @@ def decode_hf(lm: StepModel, prompt: str, cfg: RunConfig, prompt_lookup: bool = 
                    lm.device)
     calls = _Calls(lm, cfg, len(prompt_ids) + new_tokens, prompt_lookup, static)
     lm.begin_run("rows" if cfg.exact else False)  # generate() runs the model's own forward: only the per-row route reaches it
-    forwards = [0]  # the model's forwards in this run's generate() calls (after begin_run's own checks)
-    hook = lm.model.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
     if not cfg.greedy:
         torch.manual_seed(cfg.seed)
     reasoning, answer, ended = [], [], False
     stamps: list[float] = []  # when each reasoning token, then each answer token (forced tail first) came
     firsts: list[float] = []  # when each call produced its first token
-    answer_forwards = 0
+    thinking: list[Span] = []  # the reasoning call's forwards, then the answer call's
+    answering: list[Span] = []
     start = time.perf_counter()
-    try:
-        with torch.inference_mode(), lm.forwards():
-            # 1. reasoning (skipped for models without think markers: everything is the answer)
-            if markers is not None and budget.picks:
-                new, times = calls.generate(prompt_ids, budget.picks, _Closes(markers, len(prompt_ids)))
-                firsts += times[:1]
-                reasoning, stamps, ended = _reasoning(new, times, markers, budget, lm.eos_ids)
-            if markers is not None and (budget.picks == 0 or _forced(reasoning, markers, ended)):
-                reasoning += budget.force()  # the marker; the template tail, in budget.forced, opens the answer
-                stamps += [time.perf_counter()] * (len(markers.marker_ids) + len(budget.forced))
-            # 2. answer: what the forced tail left of its budget, on the reasoning's cache
-            left = cfg.max_answer - len(budget.forced)
-            if not ended and left > 0:
-                before = forwards[0]
-                new, times = calls.generate(prompt_ids + reasoning + budget.forced, left)
-                firsts += times[:1]
-                cut = next((i for i, t in enumerate(new) if t in lm.eos_ids), len(new))
-                answer, stamps = new[:cut], stamps + times[:cut]
-                answer_forwards = max(forwards[0] - before - 1, 0)  # its first forward feeds the reasoning's end
-    finally:
-        hook.remove()
+    with torch.inference_mode(), lm.forwards(), calls.forwards():
+        # 1. reasoning (skipped for models without think markers: everything is the answer)
+        if markers is not None and budget.picks:
+            new, times, thinking = calls.generate(prompt_ids, budget.picks, _Closes(markers, len(prompt_ids)))
+            firsts += times[:1]
+            reasoning, stamps, ended = _reasoning(new, times, markers, budget, lm.eos_ids)
+        picked = len(reasoning)
+        if markers is not None and (budget.picks == 0 or _forced(reasoning, markers, ended)):
+            reasoning += budget.force()  # the marker; the template tail, in budget.forced, opens the answer
+            stamps += [time.perf_counter()] * (len(markers.marker_ids) + len(budget.forced))
+        # 2. answer: what the forced tail left of its budget, on the reasoning's cache
+        left = cfg.max_answer - len(budget.forced)
+        if not ended and left > 0:
+            new, times, answering = calls.generate(prompt_ids + reasoning + budget.forced, left)
+            firsts += times[:1]
+            cut = next((i for i, t in enumerate(new) if t in lm.eos_ids), len(new))
+            answer, stamps = new[:cut], stamps + times[:cut]
     wall = time.perf_counter() - start
     rec.t0 = start
     if cfg.exact:
         rec.stats.step_mode = lm.step_mode  # the route it ran on: matched so, like every exact run
 
-    # 3. the events, each token at the time it came; the forwards as baseline counts its own
+    # 3. the events, each token at the time it came, each after the forward that chose it (the first forward of
+    #    each call feeds its input: the prompt, or the reasoning's end, as baseline's forwards do)
     at = iter([t - start for t in stamps])
+    answering = _emitted(answering, len(answer), "reasoning" if thinking else "prefill", "answer")
+    thinking = _emitted(thinking, picked, "prefill", "reasoning")
+    forced = len(reasoning) - picked + len(budget.forced)
+    lookup = "lookup in prompt and output" if prompt_lookup else None
     yield rec.phase("prefill")
     if markers is not None:
         yield rec.phase("reasoning")
-        for tok in reasoning:
-            yield replace(rec.token("reasoning", tok), t=next(at))
-    rec.forward(forwards[0] - answer_forwards)
+    picks = iter(reasoning)
+    for i, (span, phase) in enumerate(thinking):
+        yield rec.forward(span.start - start, [_work(span, i, lookup, forced if i == len(thinking) - 1 else 0)],
+                          end=span.end - start, phase=phase)
+        for _ in range(span.kept):
+            yield replace(rec.token("reasoning", next(picks)), t=next(at))
+    for tok in picks:  # the forced marker
+        yield replace(rec.token("reasoning", tok), t=next(at))
     for ev in budget.open_answer(rec):  # the answer phase, opened by the forced tail (if any)
         yield replace(ev, t=next(at)) if isinstance(ev, TokenEvent) else ev
-    for tok in answer:
-        yield replace(rec.token("answer", tok), t=next(at))
-    rec.forward(answer_forwards)
+    picks = iter(answer)
+    for i, (span, phase) in enumerate(answering):
+        yield rec.forward(span.start - start, [_work(span, i, lookup)], end=span.end - start, phase=phase)
+        for _ in range(span.kept):
+            yield replace(rec.token("answer", next(picks)), t=next(at))
     yield rec.phase("done")
     _phase_seconds(rec.stats, [t - start for t in stamps], len(reasoning), min(firsts, default=start + wall) - start,
                    wall)
     yield rec.done(wall_s=wall)
+
+
+def _emitted(spans: list[Span], emitted: int, first: str, rest: str) -> list[tuple[Span, str]]:
+    """A call's forwards, each keeping of what it produced the tokens the run emitted (the reasoning
+    stops at its close, the answer before its end of sequence), with its phase (``first`` for the
+    forward that fed the call's input)."""
+    out = []
+    for i, span in enumerate(spans):
+        span.kept = min(span.kept, emitted)
+        emitted -= span.kept
+        out.append((span, first if i == 0 else rest))
+    return out
+
+
+def _work(span: Span, i: int, lookup: str | None, forced: int = 0) -> RowWork:
+    """A generate() forward as a row's work; with prompt lookup each forward after the first verifies
+    the candidates it was fed after its last token (accepted: what it produced, less its own pick)."""
+    verifies = lookup is not None and i > 0 and span.fed > 1
+    return RowWork("main", span.fed, span.kept, forced, span.fed - 1 if verifies else 0,
+                   max(span.kept - 1, 0) if verifies else 0, lookup if verifies else None)
 
 
 def _reasoning(new: list[int], times: list[float], markers: ThinkMarkers, budget: ThinkBudget,

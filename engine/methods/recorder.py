@@ -1,8 +1,19 @@
 """Builds a run's events and statistics, so decode loops only say what happened.
 
 Every decode loop owns one :class:`Recorder`: it turns token ids into :class:`TokenEvent` s (with
-incrementally decoded text and positions), counts them into :class:`RunStats`, times the phases,
-and ends the run with a :class:`DoneEvent`.
+incrementally decoded text and positions), records each forward as a :class:`ForwardEvent` (the one
+place forwards are counted and timed), counts them into :class:`RunStats`, times the phases, and
+ends the run with a :class:`DoneEvent` (its forward statistics summed by ``engine.forwards``).
+
+A loop times a forward with :meth:`Recorder.now` before it and :meth:`Recorder.clock` after it (the
+device synchronised: on a GPU a forward is queued, not done, when the call returns), and yields
+:meth:`Recorder.forward` before the tokens the forward chose::
+
+    t0 = rec.now()
+    logits = model(...)
+    t1 = rec.clock()
+    yield rec.forward(t0, [RowWork("main", fed=1, kept=1)], end=t1)
+    yield rec.token("reasoning", pick(logits))
 """
 
 from __future__ import annotations
@@ -12,7 +23,8 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from engine.events import DoneEvent, PhaseEvent, RunStats, TokenEvent, TokenTally
+from engine.events import DoneEvent, ForwardEvent, PhaseEvent, RowWork, RunStats, TokenEvent, TokenTally
+from engine.forwards import summarise
 from engine.methods.detok import IncrementalDetokenizer
 from engine.runtime.model import Compiling
 
@@ -30,6 +42,7 @@ class Recorder:
         self.streams: dict[tuple[str, int | None], list[int]] = {}
         self._pieces: dict[tuple[str, int | None], list[str]] = {}  # each stream's decoded pieces, as ``streams``
         self._taken: dict[int, set[int]] = {}  # draft positions taken: never marked rejected after
+        self.forwards: list[ForwardEvent] = []
         if device is not None and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
@@ -51,6 +64,12 @@ class Recorder:
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
+
+    def clock(self) -> float:
+        """:meth:`now`, once the device has finished what was queued on it (a forward's end)."""
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return self.now()
 
     # ------------------------------------------------------------------ phases
     def phase(self, name: str, draft: int | None = None, at_token: int | None = None) -> PhaseEvent:
@@ -111,12 +130,18 @@ class Recorder:
         """Proposed tokens from the prompt, reasoning or answer that were not taken."""
         self.stats.rejected_lookup += count
 
-    def forward(self, n: int = 1, tokens: int = 0) -> None:
-        """``n`` forwards of the target, ``tokens`` token positions in all (for its FLOPs)."""
-        self.stats.forward_calls += n
-        if self._phase == "answer":
-            self.stats.answer_forwards += n
+    def forward(self, start: float, rows: list[RowWork], end: float | None = None, tokens: int = 0,
+                phase: str | None = None) -> ForwardEvent:
+        """One forward (over a server: one request) that ran from ``start`` to ``end`` (default:
+        :meth:`clock` now) in ``phase`` (default: the current one), computing ``rows``; ``tokens``:
+        token positions the target computed in it (its FLOPs; other models count their own)."""
+        end = self.clock() if end is None else end
+        ev = ForwardEvent(len(self.forwards), phase or self._phase or "prefill", start, end, tuple(rows))
+        self.forwards.append(ev)
+        self.stats.forward_calls += 1
+        self.stats.answer_forwards += ev.phase == "answer" and rows[0].row == "main"  # the target's (RSD counts its own)
         self.stats.target_tokens += tokens
+        return ev
 
     # ------------------------------------------------------------------ end
     def text(self, stream: str, draft: int | None = None) -> str:
@@ -131,6 +156,7 @@ class Recorder:
         s = self.stats
         s.wall_s = self.now() if wall_s is None else wall_s
         s.tokens_per_s = (s.reasoning_tokens + s.answer_tokens) / s.wall_s if s.wall_s > 0 else 0.0
+        summarise(s, self.forwards)
         if self.device is not None and self.device.type == "cuda":
             s.peak_memory_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
         drafts = sorted(d for (st, d) in self.streams if st == "draft")

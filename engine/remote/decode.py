@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterator
 
 from engine.config import RunConfig
-from engine.events import Event
+from engine.events import Event, RowWork
 from engine.methods.budget import ThinkBudget
 from engine.methods.recorder import Recorder
 from engine.methods.sampling import accept_greedy
@@ -51,8 +51,8 @@ def decode_remote_baseline(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iter
     ended = False
     if markers is not None:
         yield rec.phase("reasoning")
-        closed, reasoning = False, []
-        for tok in _stream(rm, rec, seq, budget.picks, eos | markers.stop_ids, cfg):
+        closed, reasoning, t0 = False, [], rec.now()
+        for tok in _stream(rm, seq, budget.picks, eos | markers.stop_ids, cfg):
             if tok in eos:  # the run ends, or (a prompted model's end of turn) the end of thinking is forced
                 ended = budget.ends_run(tok, eos)
                 break
@@ -61,9 +61,11 @@ def decode_remote_baseline(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iter
             if markers.closes_at(reasoning, len(reasoning) - 1):  # (a prompted close: leaving the stream ends it)
                 closed = True
                 break
+        forcing = budget.force() if not (ended or closed) else []  # the server stopped at the budget
+        yield rec.forward(t0, [RowWork("main", len(seq), len(reasoning), len(forcing) + len(budget.forced))])
         seq += reasoning
-        if not (ended or closed):  # the server stopped at the budget: the end of thinking is forced
-            for tok in budget.force():
+        if forcing:  # the end of thinking is forced
+            for tok in forcing:
                 yield rec.token("reasoning", tok)
                 seq.append(tok)
             seq += budget.forced
@@ -72,9 +74,13 @@ def decode_remote_baseline(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iter
         if rm.speculation:  # a speculating server: its figures and colours, as SSR's answer gets them
             yield from speculated_answer(rm, rec, seq, cfg.max_answer - len(budget.forced), cfg, [], len(budget.forced))
         else:
-            for tok in _stream(rm, rec, seq, cfg.max_answer - len(budget.forced), eos, cfg):
+            t0, answer = rec.now(), []
+            for tok in _stream(rm, seq, cfg.max_answer - len(budget.forced), eos, cfg):
                 if tok in eos:
                     break
+                answer.append(tok)
+            yield rec.forward(t0, [RowWork("main", len(seq), len(answer))])
+            for tok in answer:
                 yield rec.token("answer", tok)
     yield rec.phase("done")
     yield rec.done()
@@ -117,6 +123,7 @@ class RemoteState:
         self.unfed: list[int] = []
         self.answer: list[int] = []
         self.ended = False
+        self.computed = 0  # the server's FLOPs are not known here
 
     def room(self) -> int | None:
         """No limit on a proposal (None): the server handles its model's positions."""
@@ -129,7 +136,6 @@ class RemoteState:
             picks = client.verify(self.seq, self.unfed + proposed)[len(self.unfed):]
         else:
             picks = list(_first(client.stream(self.seq + self.unfed, 1)))
-        self.rec.forward()
         accepted, nxt = accept_greedy(picks, proposed)
         self.seq += self.unfed + proposed[:accepted]
         return accepted, nxt
@@ -152,7 +158,7 @@ def _reason_and_fork(s: RemoteState, budget: ThinkBudget, drafts_stop: threading
     stop = threading.Event()  # the main request's
     drafts = drafts_stop or stop
     pumps = [_pump(rm, s.seq, budget.picks, eos | markers.stop_ids, "main", arrivals, stop)]
-    rec.forward()
+    requests = _Requests(rec, len(s.seq))
     live: dict[int, Draft] = {}
     n = 0
     try:
@@ -164,7 +170,7 @@ def _reason_and_fork(s: RemoteState, budget: ThinkBudget, drafts_stop: threading
                     live[d.index] = d
                     pumps.append(_pump(rm, s.seq + list(markers.close_ids), cfg.max_draft - len(d.tokens), eos, d.index,
                                        arrivals, drafts))
-                    rec.forward()
+                    requests.opened(d, len(s.seq) + len(markers.close_ids))
                 else:
                     d.finished = True
             try:  # the client's own timeout answers first; this one only guards a thread that died silently
@@ -174,13 +180,15 @@ def _reason_and_fork(s: RemoteState, budget: ThinkBudget, drafts_stop: threading
             if isinstance(item, BackendError):
                 raise item
             if source != "main":
-                yield from _draft_takes(s, live, source, item)
+                yield from _draft_takes(s, live, source, item, requests)
                 continue
             if budget.ends_run(item, eos):  # the model ended without closing its thoughts: no answer
                 s.ended = True
+                yield requests.main(n)
                 return
             if item is None or item in eos:  # the server stopped at the budget (or a prompted model's turn ended)
                 s.unfed = budget.force()
+                yield requests.main(n, len(s.unfed) + len(budget.forced))
                 for tok in s.unfed:
                     yield rec.token("reasoning", tok)
                 s.unfed += budget.forced
@@ -189,6 +197,7 @@ def _reason_and_fork(s: RemoteState, budget: ThinkBudget, drafts_stop: threading
             s.index.extend("reasoning", [item])
             reasoning = s.index.sources["reasoning"]
             if markers.closes_at(reasoning, len(reasoning) - 1):
+                yield requests.main(n + 1)
                 s.unfed = [item]
                 break
             s.seq.append(item)
@@ -198,14 +207,38 @@ def _reason_and_fork(s: RemoteState, budget: ThinkBudget, drafts_stop: threading
             if isinstance(item, BackendError):
                 raise item
             if source != "main":
-                yield from _draft_takes(s, live, source, item)
+                yield from _draft_takes(s, live, source, item, requests)
+        for d in live.values():  # frozen as they are: their requests end here
+            yield requests.draft(d)
     except queue.Empty:
         raise BackendError(f"{rm.client.base_url} sent nothing for too long") from None
     finally:
         stop.set()  # drafts still streaming keep what they have; their requests are aborted
 
 
-def _draft_takes(s: RemoteState, live: dict[int, Draft], index: int, tok: int | None) -> Iterator[Event]:
+class _Requests:
+    """Phase A's streamed requests as forward records, each recorded when it ends: the main
+    reasoning (fed the prompt, keeping the reasoning it streamed) and each draft (fed the prompt,
+    the reasoning so far and the marker; its opening tail counted as forced, then what it streamed)."""
+
+    def __init__(self, rec: Recorder, prompt: int) -> None:
+        self.rec, self.prompt, self.t0 = rec, prompt, rec.now()
+        self.drafts: dict[int, tuple[float, int, int]] = {}  # draft -> (start, fed, opening tokens)
+
+    def main(self, kept: int, forced: int = 0):
+        return self.rec.forward(self.t0, [RowWork("main", self.prompt, kept, forced)], phase="reasoning")
+
+    def opened(self, d: Draft, fed: int) -> None:
+        self.drafts[d.index] = (self.rec.now(), fed, len(d.tokens))
+
+    def draft(self, d: Draft):
+        start, fed, opening = self.drafts.pop(d.index)
+        return self.rec.forward(start, [RowWork(f"draft {d.index}", fed, len(d.tokens) - opening, opening)],
+                                phase="reasoning")
+
+
+def _draft_takes(s: RemoteState, live: dict[int, Draft], index: int, tok: int | None,
+                 requests: _Requests) -> Iterator[Event]:
     """A streamed draft's next token (None: its request ended at ``max_draft``)."""
     d = live.get(index)
     if d is None:  # finished, or frozen when the reasoning ended
@@ -216,6 +249,7 @@ def _draft_takes(s: RemoteState, live: dict[int, Draft], index: int, tok: int | 
     if tok is None or d.finished:
         d.finished = True
         del live[index]
+        yield requests.draft(d)
 
 
 def _pump(rm: RemoteModel, prompt: list[int], max_tokens: int, stop_ids: frozenset[int], source, arrivals: queue.Queue,
@@ -239,9 +273,7 @@ def _pump(rm: RemoteModel, prompt: list[int], max_tokens: int, stop_ids: frozens
     return thread
 
 
-def _stream(rm: RemoteModel, rec: Recorder, seq: list[int], max_tokens: int, stop: frozenset[int],
-            cfg: RunConfig) -> Iterator[int]:
-    rec.forward()
+def _stream(rm: RemoteModel, seq: list[int], max_tokens: int, stop: frozenset[int], cfg: RunConfig) -> Iterator[int]:
     return rm.client.stream(seq, max_tokens, stop, cfg.temperature, cfg.top_p, cfg.seed)
 
 

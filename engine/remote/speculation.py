@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from engine.events import Event
+from engine.events import Event, RowWork
 from engine.methods.recorder import Recorder
 
 SPECULATIONS = ("suffix", "ngram")  # server methods a run can declare (suffix draws on other requests' outputs)
@@ -22,11 +22,16 @@ def speculated_answer(rm, rec: Recorder, seq: list[int], max_tokens: int, cfg, d
     rec.stats.server_speculation = rm.speculation
     metrics: dict = {}
     chunks: list[int] = []
-    rec.forward()
+    t0, kept = rec.now(), 0
     for tok in rm.client.stream(seq, max_tokens, rm.eos_ids, cfg.temperature, cfg.top_p, cfg.seed, metrics=metrics,
                                 chunks=chunks):
         if tok not in rm.eos_ids:  # the last token: the stream goes on to its metrics chunk
+            kept += 1
             yield rec.token("answer", tok)
+    spec = metrics.get("speculative_decoding") or {}
+    yield rec.forward(t0, [RowWork("main", len(seq), kept, 0, int(spec.get("num_draft_tokens", 0)),
+                                   int(spec.get("num_accepted_draft_tokens", 0)),
+                                   f"the server's {rm.speculation} speculation" if spec else None)])
     yield from recolour(drafts, rec, offset, chunks, metrics.get("speculative_decoding"))
 
 

@@ -14,7 +14,7 @@ import math
 import time
 
 from engine.config import RunConfig
-from engine.methods.rsd.writer import Step, Usage, read_step
+from engine.methods.rsd.writer import Span, Step, Usage, read_step
 from engine.remote.model import RemoteModel
 
 
@@ -24,6 +24,7 @@ class RemoteWriter:
     def __init__(self, rm: RemoteModel, cfg: RunConfig) -> None:
         self.rm, self.cfg = rm, cfg
         self.tokens, self.seconds, self.calls = 0, 0.0, 0
+        self.spans: list[Span] = []  # one per request
 
     def write_step(self, seq: list[int], max_step_tokens: int, budget: int) -> Step:
         """One step after ``seq``: one request, streamed until the step ends (:func:`read_step`)."""
@@ -36,8 +37,10 @@ class RemoteWriter:
         finally:
             stream.close()  # a step that ended here aborts the rest of the request
         self.tokens += len(step.tokens)
-        self.seconds += time.perf_counter() - start
+        end = time.perf_counter()
+        self.seconds += end - start
         self.calls += 1
+        self.spans.append(Span(start, end, len(seq), len(step.tokens)))
         return step
 
     def rollback(self, length: int) -> None:
@@ -46,8 +49,10 @@ class RemoteWriter:
     def token_probs(self, seq: list[int], tokens: list[int]) -> list[float]:
         start = time.perf_counter()
         probs = [math.exp(lp) for lp in self.rm.client.token_logprobs(seq, tokens)]
-        self.seconds += time.perf_counter() - start
+        end = time.perf_counter()
+        self.seconds += end - start
         self.calls += 1
+        self.spans.append(Span(start, end, len(seq) + len(tokens)))
         return probs
 
     def usage(self) -> Usage:

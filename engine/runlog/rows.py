@@ -3,7 +3,11 @@ when it has no final ``DoneEvent`` (its texts and counters rebuilt from the even
 
 from __future__ import annotations
 
-from engine.events import Event, PhaseEvent, RunStats, StepEvent, TokenEvent, TokenTally
+import dataclasses
+import json
+
+from engine.events import Event, ForwardEvent, PhaseEvent, RunStats, StepEvent, TokenEvent, TokenTally
+from engine.forwards import summarise
 from engine.runlog.schema import EVENT_COLUMNS
 
 
@@ -16,6 +20,9 @@ def _event_row(run_id: int, seq: int, ev: Event) -> dict:
     row = {"run_id": run_id, "seq": seq, "kind": ev.kind, "t": ev.t}
     if isinstance(ev, PhaseEvent):
         row.update(phase=ev.phase, draft=ev.draft, at_token=ev.at_token)
+    elif isinstance(ev, ForwardEvent):  # its rows as JSON: a forward has one per row it computed
+        row.update(position=ev.index, phase=ev.phase,
+                   work=json.dumps({"start": ev.start, "rows": [dataclasses.asdict(r) for r in ev.rows]}))
     elif isinstance(ev, StepEvent):
         row.update(position=ev.index, text=ev.text, source=ev.source, reward=ev.reward,
                    accepted=None if ev.accepted is None else int(ev.accepted), confidence=ev.confidence)
@@ -28,6 +35,10 @@ def _event_row(run_id: int, seq: int, ev: Event) -> dict:
 def row_event(r: dict) -> Event:
     if r["kind"] == "phase":
         return PhaseEvent(r["phase"], r["t"], r["draft"], r["at_token"])
+    if r["kind"] == "forward":
+        work = json.loads(r["work"])
+        return ForwardEvent.from_dict({"index": r["position"], "phase": r["phase"], "start": work["start"], "end": r["t"],
+                                       "rows": work["rows"]})
     if r["kind"] == "step":
         return StepEvent(r["position"], r["text"], r["source"], r["reward"],
                          None if r["accepted"] is None else bool(r["accepted"]), r["t"], r.get("confidence"))
@@ -53,4 +64,7 @@ def partial_stats(method: str, events: list[Event]) -> RunStats:
     for ev in events:
         tally.add(ev)
         s.wall_s = max(s.wall_s, ev.t)
+    forwards = [ev for ev in events if isinstance(ev, ForwardEvent)]
+    s.forward_calls = len(forwards)
+    summarise(s, forwards)
     return s

@@ -9,7 +9,7 @@ import sqlite_utils
 
 from engine.events import RunStats
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 
 def _migrate_1(db: sqlite_utils.Database) -> None:
@@ -81,8 +81,16 @@ def _migrate_10(db: sqlite_utils.Database) -> None:
     _add_columns(db["runs"], _stats_columns())
 
 
+def _migrate_11(db: sqlite_utils.Database) -> None:
+    """Version 11 (the timeline): forward events, their start and rows as JSON (``work``); runs gain
+    the forwards' accounting (forward and drafting seconds, verifies, acceptance). Runs logged before
+    have no forwards: their timeline says so."""
+    _add_columns(db["events"], {"work": str})
+    _add_columns(db["runs"], _stats_columns())
+
+
 MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6, 7: _migrate_7,
-              8: _migrate_8, 9: _migrate_9, 10: _migrate_10}
+              8: _migrate_8, 9: _migrate_9, 10: _migrate_10, 11: _migrate_11}
 
 
 def _stats_columns() -> dict:
@@ -91,7 +99,7 @@ def _stats_columns() -> dict:
 
 
 EVENT_COLUMNS = ("run_id", "seq", "kind", "stream", "status", "token_id", "text", "position", "draft", "source",
-                 "match_len", "t", "phase", "at_token", "reward", "accepted", "confidence")
+                 "match_len", "t", "phase", "at_token", "reward", "accepted", "confidence", "work")
 INDEXES = {("method",), ("prompt_hash",), ("dataset",)}
 
 

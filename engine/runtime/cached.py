@@ -15,11 +15,24 @@ context-length term ignored; stated once here and in docs/RSD.md). Re-read token
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
 from engine.runtime.cache import checkpoint, crop
 from engine.runtime.model import LoadedModel
+
+
+@dataclass
+class Span:
+    """One forward of a model: when it ran (``perf_counter`` seconds; the end once the device is
+    done), how many tokens it was fed, and how many tokens its logits chose that its user kept
+    (set by whoever reads the logits: RSD's writers)."""
+
+    start: float
+    end: float
+    fed: int
+    kept: int = 0
 
 
 class CachedModel:
@@ -33,6 +46,7 @@ class CachedModel:
         self.decode_tokens = 0
         self.seconds = 0.0
         self.calls = 0
+        self.spans: list[Span] = []  # every forward, in order (RSD's timeline reads them)
 
     def _empty(self) -> None:
         self.cache = self.lm.new_cache(self.capacity, role=self.role)
@@ -57,7 +71,11 @@ class CachedModel:
             fed, at = self.ids + tokens, 0
             self._empty()
         logits = self.lm.step_logits(fed, self.cache, at)[len(fed) - len(tokens):]  # [T, V]
-        self.seconds += time.perf_counter() - start
+        if logits.device.type == "cuda":  # the forward's end, not its launch
+            torch.cuda.synchronize(logits.device)
+        end = time.perf_counter()
+        self.seconds += end - start
+        self.spans.append(Span(start, end, len(fed)))
         self.calls += 1
         if at == 0 or len(fed) > 1:
             self.prefill_tokens += len(fed)

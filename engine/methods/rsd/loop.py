@@ -23,13 +23,13 @@ from __future__ import annotations
 from collections.abc import Generator, Iterator
 
 from engine.config import RunConfig
-from engine.events import Event, StepEvent
+from engine.events import Event, ForwardEvent, RowWork, StepEvent
 from engine.methods.recorder import Recorder
 from engine.methods.rsd.roles import PLANS, RSD_METHODS, UNJUDGED, Judge, Verdict, cast
 from engine.methods.rsd.writer import LocalWriter, Step, StepWriter, WriterFactory
 from engine.methods.seams import ModelBackend, ThinkMarkers
 from engine.runtime.cache import cache_mb
-from engine.runtime.cached import CachedModel
+from engine.runtime.cached import CachedModel, Span
 
 
 def check_pair(target: ModelBackend, draft: ModelBackend) -> None:
@@ -66,6 +66,7 @@ def decode_rsd(target, draft, scorer, prompt: str, cfg: RunConfig, mode: str = "
     markers = target.markers
     stream = "reasoning" if markers is not None else "answer"
     reasoning: list[int] = []  # the kept steps' reasoning tokens, where its end is looked for
+    lanes = _Lanes(rec, writers, roles.judge)
     seq = list(prompt_ids)
     yield rec.phase("prefill")
     yield rec.phase(stream)
@@ -79,6 +80,7 @@ def decode_rsd(target, draft, scorer, prompt: str, cfg: RunConfig, mode: str = "
         text = target.tokenizer.decode(step.tokens)
         # 2. score and decide (the paper's rule; with draft_confidence, the draft's doubt too)
         verdict = roles.judge.decide(step, text, seq)
+        yield from lanes.forwards(index, verdict)
         # 3. rewrite a rejected step: it shows as rejected draft tokens; the target writes the step instead
         if verdict.kept is False:
             yield from _rejected(rec, index, step, text, verdict)
@@ -86,6 +88,7 @@ def decode_rsd(target, draft, scorer, prompt: str, cfg: RunConfig, mode: str = "
             author = roles.rewriter
             step = author.writer.write_step(seq, cfg.max_step_tokens, budget)
             text = target.tokenizer.decode(step.tokens)
+            yield from lanes.forwards(index, UNJUDGED)
         # 4. accept: the step joins the shared text; each model catches up when it next writes
         stream = yield from _tokens(rec, stream, step.tokens, author.status, markers, reasoning)
         shown = verdict if verdict.kept else UNJUDGED  # a rewritten step is not scored again
@@ -102,6 +105,31 @@ def decode_rsd(target, draft, scorer, prompt: str, cfg: RunConfig, mode: str = "
     yield rec.phase("done")
     rec.stats.cache_mb = cache_mb(*(w.cache for w in writers.values())) or None
     yield rec.done()
+
+
+class _Lanes:
+    """Each model's forwards (``Span`` s: its writer's, the PRM's), yielded as the run's
+    :class:`ForwardEvent` s in the order they ran, after the step that caused them."""
+
+    def __init__(self, rec: Recorder, writers: dict[str, StepWriter], judge: Judge) -> None:
+        prm = getattr(judge.scorer, "model", None)  # a PRM in process (a served one reports no forwards)
+        self.rec = rec
+        self.sources: dict[str, list[Span]] = {name: w.spans for name, w in writers.items()}
+        if isinstance(prm, CachedModel):
+            self.sources["prm"] = prm.spans
+        self.seen = dict.fromkeys(self.sources, 0)
+
+    def forwards(self, index: int, verdict: Verdict) -> Iterator[ForwardEvent]:
+        new = []
+        for name, spans in self.sources.items():
+            new += [(span, name) for span in spans[self.seen[name]:]]
+            self.seen[name] = len(spans)
+        t0 = self.rec.t0
+        for span, name in sorted(new, key=lambda x: x[0].start):
+            note = None
+            if name == "prm" and verdict.reward is not None:
+                note = f"step {index}: reward {verdict.reward:.3f}, {'kept' if verdict.kept else 'rewritten by the target'}"
+            yield self.rec.forward(span.start - t0, [RowWork(name, span.fed, span.kept, note=note)], end=span.end - t0)
 
 
 def _rejected(rec: Recorder, index: int, step: Step, text: str, verdict: Verdict) -> Iterator[Event]:

@@ -22,7 +22,7 @@ import torch
 from engine.config import RunConfig
 from engine.methods.sampling import Chooser
 from engine.methods.seams import StepModel
-from engine.runtime.cached import CachedModel
+from engine.runtime.cached import CachedModel, Span
 from engine.runtime.probe import require
 
 STEP_DELIMITER = "\n\n"
@@ -68,6 +68,12 @@ class StepWriter(Protocol):
 
     def usage(self) -> Usage: ...
 
+    @property
+    def spans(self) -> list[Span]:
+        """Every forward (request, on a server) so far, in order, with the tokens each chose that
+        joined the step (``Span.kept``)."""
+        ...
+
 
 # (model, cfg, capacity, role) -> its writer; ``role``: "target" or "draft" (the FLOP accounting's name)
 WriterFactory = Callable[[Any, RunConfig, int, str], StepWriter]
@@ -110,6 +116,10 @@ class LocalWriter:
     def cache(self):
         return self.model.cache
 
+    @property
+    def spans(self) -> list[Span]:
+        return self.model.spans
+
     def write_step(self, seq: list[int], max_step_tokens: int, budget: int) -> Step:
         """The step's last token is not fed: whoever writes next feeds it along with any other
         tokens it has not seen, in one forward."""
@@ -123,6 +133,8 @@ class LocalWriter:
         logits = self.model.sync(seq)  # catch up on the shared text in one forward
         while True:
             t = self.chooser.pick(logits)
+            if t not in self.model.lm.eos_ids:  # read_step keeps every pick but an end of sequence
+                self.model.spans[-1].kept += 1
             # the confidence is read from logits computed anyway
             yield t, float(torch.softmax(logits.float(), dim=-1)[t])
             logits = self.model.feed([t])  # only when the step goes on

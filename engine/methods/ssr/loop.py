@@ -46,7 +46,7 @@ from typing import Protocol
 import torch
 
 from engine.config import RunConfig
-from engine.events import Event
+from engine.events import Event, RowWork
 from engine.methods.budget import ThinkBudget
 from engine.methods.recorder import Recorder
 from engine.methods.sampling import Chooser
@@ -84,8 +84,9 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     budget = ThinkBudget(markers, cfg.max_think)
     yield rec.phase("prefill")
     if len(prompt_ids) > 1:  # the last prompt token is the main row's first input in phase A
+        t0 = rec.now()
         lm.step_logits(prompt_ids[:-1], state.cache, 0)
-        rec.forward(tokens=len(prompt_ids) - 1)
+        yield rec.forward(t0, [RowWork("main", len(prompt_ids) - 1)], tokens=len(prompt_ids) - 1)
     state.batch = RowBatch(lm, state.cache, len(prompt_ids) - 1, prompt_ids[:-1])
     yield from _reason_and_draft(state, budget, prompt_ids[-1])
     if not state.ended:
@@ -108,6 +109,7 @@ class SSRState(Protocol):
     drafts: list[Draft]  # in fork order, the newest last
     answer: list[int]  # the answer so far
     unfed: list[int]  # tokens chosen (or forced) after the committed ones, fed first by the next verify
+    computed: int  # token positions the last verify computed (its FLOPs; 0 over a server)
 
     def room(self) -> int | None:
         """The most tokens a proposal may hold this step (None: any)."""
@@ -133,6 +135,7 @@ class _State:
         self.unfed: list[int] = []  # main-row tokens chosen but not yet in the cache
         self.answer: list[int] = []
         self.ended = False  # the model ended the sequence inside its reasoning
+        self.computed = 0
 
     def room(self) -> int | None:
         """The most tokens a proposal may hold this step (None: any): longrope's switch point."""
@@ -143,7 +146,7 @@ class _State:
         """Feed the unfed token(s) and ``proposed`` in one forward; keep what the verifier
         accepts in the cache. (Accepted count, the verifier's next token.)"""
         logits = self.batch.forward([self.unfed + proposed])[0, len(self.unfed) - 1 :]  # [k + 1, V]
-        self.rec.forward(tokens=self.batch.last_tokens)
+        self.computed = self.batch.last_tokens
         accepted, nxt = self.main.verify(logits, proposed, probs)
         self.batch.keep([len(self.unfed) + accepted])  # a crop, or a restore and re-read of what stays
         return accepted, nxt
@@ -171,7 +174,7 @@ def _reason_and_draft(s: _State, budget: ThinkBudget, first_input: int) -> Itera
             yield from open_draft(s, n, list(markers.tail_ids))
             d = s.drafts[-1]
             lookup = SuffixProposer(s.index, [d.name, "reasoning", "prompt"], lm.eos_ids, cfg.spec_factor)
-            rows.append(Row([*main.unfed, *markers.close_ids], d.tokens, lookup, s.drafter, d))
+            rows.append(Row([*main.unfed, *markers.close_ids], d.tokens, lookup, s.drafter, d, opening=len(d.tokens)))
             batch.fork()
         # 2. propose: behind its unfed tokens each row may put a lookup proposal (when rows may
         #    hold holes; a cache that cannot feeds one token per row per step, as the paper does)
@@ -187,23 +190,32 @@ def _reason_and_draft(s: _State, budget: ThinkBudget, first_input: int) -> Itera
             mine = room if row.is_main else min(spec, cfg.max_draft - len(row.context) - 1)
             row.feed(mine if limits is None else min(mine, limits[r] - len(row.unfed)), one_token=spec == 0)
         # 3. forward: one over every row
+        t0 = rec.now()
         logits = batch.forward([row.fed for row in rows])  # [rows, K, V]
-        rec.forward(tokens=batch.last_tokens)  # padding (and a re-encode at longrope's switch) included: computed
         # 4. verify and take: each row verifies its proposal; the batch keeps what each row took
         steps = [row.take(logits[r]) for r, row in enumerate(rows)]  # logits[r]: [K, V]
+        t1 = rec.clock()
         batch.keep([step.kept for step in steps])
-        # 5. record: the drafts' tokens, then the main row's (its own token forced at the budget)
-        for row, step in zip(rows[1:], steps[1:], strict=True):
-            yield from _draft_takes(s, row, step)
+        # 5. record: the forward (what each row took), the drafts' tokens, then the main row's (its own
+        #    token forced at the budget)
         step = steps[0]
         assert step.tokens, "the main row never queues forced tokens while it reasons"
-        for t in step.tokens[:-1]:
-            yield rec.token("reasoning", t, "recovered", source=step.proposal.source, match_len=step.proposal.match_len)
-        s.index.extend("reasoning", step.tokens[:-1])
         own = None if budget.spent(n + step.accepted) else step.tokens[-1]  # at the budget the marker is forced
         s.ended = budget.ends_run(own, lm.eos_ids)  # ended without closing its thoughts: no answer
         forced = own is None or own in lm.eos_ids  # the budget, or a prompted model's end of turn, closes it
         closing = budget.force() if forced else step.tokens[-1:]  # the main row's next token(s), not fed yet
+        works = [_work(rows[0], step, len(step.tokens) - forced,
+                       0 if s.ended or not forced else len(closing) + len(budget.forced))]
+        takes = []
+        for row, st in zip(rows[1:], steps[1:], strict=True):
+            before = len(row.draft.tokens)
+            takes += _draft_takes(s, row, st)
+            works.append(_work(row, st, len(row.draft.tokens) - before))
+        yield rec.forward(t0, works, end=t1, tokens=batch.last_tokens)  # padding and any re-encode: computed
+        yield from takes
+        for t in step.tokens[:-1]:
+            yield rec.token("reasoning", t, "recovered", source=step.proposal.source, match_len=step.proposal.match_len)
+        s.index.extend("reasoning", step.tokens[:-1])
         n += len(step.tokens)
         if not s.ended:
             for t in closing:
@@ -227,6 +239,14 @@ def _reason_and_draft(s: _State, budget: ThinkBudget, first_input: int) -> Itera
     # reasoning over: live drafts are frozen as they are; the main row goes on alone
     if len(rows) > 1:
         batch.select([0])
+
+
+def _work(row: Row, step: RowStep, kept: int, forced: int = 0) -> RowWork:
+    """What ``row`` did in a forward: fed, took (``kept`` of its tokens joined its stream), verified."""
+    p = step.proposal
+    forced, row.opening = forced + row.opening, 0
+    return RowWork("main" if row.is_main else f"draft {row.draft.index}", len(row.fed), kept, forced,
+                   len(p.tokens) if p else 0, step.accepted, p.label if p else None)
 
 
 def _stop_drafts_at_switch(batch: RowBatch, rows: list[Row], limits: list[int], one_token: bool) -> list[Row]:
@@ -321,12 +341,17 @@ def answer_by_verification(s: SSRState, budget: ThinkBudget) -> Iterator[Event]:
                 break
         proposed = prop.tokens if prop else []
         # 2. verify: the unfed token(s) and the proposal in one forward; the state keeps what is accepted
+        fed, t0 = len(s.unfed) + len(proposed), rec.now()
         accepted, nxt = s.verify(proposed, prop.probs if prop else None)
+        t1 = rec.clock()
         # 3. accept; a draft's end, accepted, ends the answer
         taken = proposed[:accepted]
         ended = bool(taken) and taken[-1] in stop
         if ended:
             taken.pop()
+        own = not (ended or len(s.answer) + len(taken) >= cfg.max_answer or nxt in stop)  # the verifier's token joins
+        yield rec.forward(t0, [RowWork("main", fed, len(taken) + own, 0, len(proposed), accepted,
+                                       prop.label if prop else None)], end=t1, tokens=s.computed)
         for j, t in enumerate(taken):
             yield rec.token("answer", t, prop.status, prop.draft, prop.source, prop.match_len)
             if prop.draft is not None:
@@ -342,7 +367,7 @@ def answer_by_verification(s: SSRState, budget: ThinkBudget) -> Iterator[Event]:
             who.observe(prop, accepted)
         s.answer += taken
         s.index.extend("answer", taken)
-        if ended or len(s.answer) >= cfg.max_answer or nxt in stop:
+        if not own:
             break
         # 5. the verifier's own token
         yield rec.token("answer", nxt)

@@ -51,6 +51,14 @@ class Proposal:
     match_len: int | None = None
     probs: torch.Tensor | None = None  # [k, V] draft distributions; None = deterministic proposal
 
+    @property
+    def label(self) -> str:
+        """Who proposed, as the forward records and the acceptance statistics name it: "draft prefix",
+        "suffix in drafts" or "lookup in prompt" (reasoning, answer)."""
+        if self.status == "accepted":
+            return "draft prefix"
+        return "suffix in drafts" if self.source == "draft" else f"lookup in {self.source}"
+
 
 class Proposer(Protocol):
     """Where the answer loop gets tokens to verify: asked in order, the first proposal is verified."""

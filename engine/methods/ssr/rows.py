@@ -43,6 +43,7 @@ class Row:
     draft: Draft | None = None
     fed: list[int] = field(default_factory=list)  # this step's feed: unfed tokens, then the proposal
     proposal: Proposal | None = None  # this step's lookup proposal
+    opening: int = 0  # tokens put on its stream at the fork (a draft's template tail): its first forward's forced
 
     @property
     def is_main(self) -> bool:
