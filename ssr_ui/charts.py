@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import json
 
+import statistics
+
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from engine.benchmarks.summary import wilson
+from engine.forwards import merge, parse
 from engine.runlog.compare import match_key, matching_baselines, pool, run_time
 
 METHOD_COLORS = {"baseline": "#6b7280", "ssr": "#2563eb", "rsd": "#9333ea", "target": "#b45309",
@@ -196,6 +200,52 @@ def rsd_by_threshold(rows: list[dict]) -> go.Figure:
     if all(a is None for a in acc):  # said in the title, above the plot: never over a point
         fig.update_layout(title_text="RSD FLOPs vs threshold (accuracy needs runs with a reference answer)")
     return fig
+
+
+def acceptance_by_method(rows: list[dict]) -> go.Figure:
+    """History and Benchmark: per method and model, the mean accepted length per verify (the median
+    over runs, its IQR as the whisker, the run count in the hover) and the acceptance rate by position
+    in the proposal, every run's verifies pooled (``RunStats.acceptance``). Runs without verifies
+    (plain decoding, runs logged before forwards were recorded) are left out."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("status", "ok") == "ok" and r.get("verifies"):
+            groups.setdefault(f"{r['method']} · {_short(r.get('model'))}", []).append(r)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("accepted per verify", "acceptance by position"),
+                        horizontal_spacing=0.14)
+    for name in sorted(groups):
+        runs = groups[name]
+        color = COLORS.get(runs[0]["method"], "#888")
+        means = sorted(r["verify_accepted"] / r["verifies"] for r in runs)
+        mid = statistics.median(means)
+        low, high = (statistics.quantiles(means, n=4)[0], statistics.quantiles(means, n=4)[2]) if len(means) > 1 \
+            else (mid, mid)
+        fig.add_trace(go.Bar(x=[name], y=[mid], marker_color=color, name=name, legendgroup=name, showlegend=False,
+                             error_y=dict(type="data", symmetric=False, array=[high - mid], arrayminus=[mid - low]),
+                             hovertext=f"{name}: median {mid:.2f} over {len(runs)} runs (IQR {low:.2f}-{high:.2f})",
+                             hoverinfo="text"), row=1, col=1)
+        pooled = merge(parse(r.get("acceptance")) for r in runs)
+        for who, a in sorted(pooled.items()):
+            rates = [t / n for t, n in zip(a["taken"], a["reached"], strict=True) if n]
+            fig.add_trace(go.Scatter(x=list(range(1, len(rates) + 1)), y=rates, mode="lines+markers",
+                                     name=f"{name}: {who}", line=dict(color=color, dash=_DASHES.get(who, "dot")),
+                                     legendgroup=name), row=1, col=2)
+    if not groups:
+        return _empty(_layout(go.Figure(), "Acceptance by method and model", 360),
+                      "No verifies logged yet: SSR (or hf-pld) runs verify proposals.")
+    _layout(fig, "Acceptance by method and model", 360)
+    fig.update_yaxes(title_text="tokens", row=1, col=1)
+    fig.update_yaxes(title_text="accepted", tickformat=".0%", range=[0, 1.05], row=1, col=2)
+    fig.update_xaxes(title_text="position in the proposal", tickformat="d", row=1, col=2)
+    return fig
+
+
+_DASHES = {"draft prefix": "solid", "suffix in drafts": "dash"}
+
+
+def _short(model) -> str:
+    """A model's name without its folder (a local path is long)."""
+    return str(model or "?").rstrip("/").rsplit("/", 1)[-1]
 
 
 def _mean(xs: list) -> float | None:

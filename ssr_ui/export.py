@@ -15,6 +15,7 @@ import json
 
 from engine.events import ForwardEvent, PhaseEvent, RunStats, StepEvent, TokenEvent
 from ssr_ui.render import LEGEND, TraceView, metrics_html
+from ssr_ui.timeline import TIMELINE_JS, stats_html, timeline_html
 
 FORMAT = "ssr-studio-trace/1"
 MAX_TRACE_BYTES = 20 * 2**20  # the largest upload (a trace to import) the studio accepts
@@ -100,6 +101,11 @@ def run_to_html(row: dict, events: list, css: str, metrics: str | None = None) -
 {LEGEND}
 <div class="grid"><div><h2>Reasoning</h2>{view.reasoning_html()}</div>
 <div><h2>Draft</h2>{drafts}</div><div><h2>Final answer</h2>{view.answer_html()}</div></div>
+<h2>Timeline: where the time goes</h2>
+<div id="timeline">{timeline_html(view, "time")}
+<details><summary>by forward index</summary>{timeline_html(view, "forward")}</details>
+{stats_html(view)}</div>
+<script>(function (element) {{{TIMELINE_JS}}})(document.getElementById("timeline"));</script>
 </body></html>
 """
 

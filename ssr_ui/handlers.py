@@ -51,6 +51,7 @@ COMPARE_SHOWS = "SSR"  # the run whose panes a finished comparison shows first
 LOAD_TIMEOUT_S = 600.0  # a model that takes longer to load is given up on (the UI says so)
 MAX_RUN_S = 900.0  # a run still going after this long is stopped (logged cancelled, shown why)
 RANGE_SETTERS = ("max_think", "num_drafts", "weighting")  # checked first: other settings' ranges depend on them
+TIMELINE_EVERY_S = 1.0  # while a run streams, the timeline is redrawn at most this often (its final frame always)
 RSD_MOSTLY_REWRITTEN = 0.5  # above this share of rejected draft steps, RSD's panes say why it is slow
 
 
@@ -194,7 +195,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                        think_end=_think_end(lm),
                        draft_model=rsd.get("draft_name") if method == "rsd" else None,
                        prm=rsd.get("prm_name") if method == "rsd" else None)
-        shown_at = 0.0
+        shown_at = drawn_at = 0.0
         run = decoder(method, lm, rsd.get("draft"), rsd.get("scorer"))(prompt, cfg)
         events = self.log.record(claimed(run, job, last), meta)
         try:
@@ -209,7 +210,9 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                         break
                     if now - shown_at >= _interval(view):
                         shown_at = now
-                        yield self._frame(view, name, lm, prompt, cfg)
+                        draw = now - drawn_at >= TIMELINE_EVERY_S  # the timeline is redrawn less often than the panes
+                        drawn_at = now if draw else drawn_at
+                        yield self._frame(view, name, lm, prompt, cfg, timeline=draw)
                 if view.done is None and job.cancelled:  # cancelled while its final event was held back
                     view.phase = "stopped"
             finally:
@@ -227,7 +230,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 f"target rewrote most of them: RSD pays off only where the draft model ({rsd.get('draft_name')}) is "
                 "usually right (the bundled draft knows arithmetic prompts only)")
 
-    def _frame(self, view, name, lm, prompt, cfg, final=False, chart=None, pair=None) -> Frame:
+    def _frame(self, view, name, lm, prompt, cfg, final=False, chart=None, pair=None, timeline=True) -> Frame:
         compare = None
         if final and name != "Baseline":
             try:
@@ -235,7 +238,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                                                    pair)
             except RunLogError as err:
                 view.notice = view.notice or f"history unavailable: {err}"
-        return Frame.of(view, metrics_html(view, name, compare), chart)
+        return Frame.of(view, metrics_html(view, name, compare), chart, timeline=timeline or final)
 
     def compare_to_baseline(self, run: dict, done, cfg: RunConfig, pair=None) -> dict | None:
         """``run`` (a runs-table row, or :func:`_live_row` of a run just finished) against a baseline:

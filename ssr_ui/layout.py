@@ -36,7 +36,9 @@ from ssr_ui.benchmark import BENCH_METHODS, RUN_COLUMNS
 from ssr_ui.benchmark import MAX_ROWS as BENCH_MAX_ROWS
 from ssr_ui.handlers import COMPARE_SHOWS, MODES, Studio
 from ssr_ui.jobs import current_event_id
+from ssr_ui.frame import where_time_goes
 from ssr_ui.render import LEGEND, TraceView, error_html, prompt_html
+from ssr_ui.timeline import TIMELINE_JS, X_MODES
 
 try:  # on a ZeroGPU Space, each run borrows a GPU; elsewhere nothing changes
     import spaces
@@ -225,6 +227,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                 run_pick = gr.Radio([], label="Show run", visible=False, elem_classes="run-pick",
                                     info="a comparison ran all three: switch the panes between them")
             chart = gr.Plot(label="compare chart", show_label=False, visible=False)
+            timeline, tl_x = _timeline_box(empty, "timeline")
             last_runs = gr.State(None)  # the latest comparison's final frames, for the run picker
             last_view = gr.State(None)  # this browser session's latest run, for the draft picker
 
@@ -309,6 +312,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                 with gr.Column():
                     gr.Markdown("**Final answer**")
                     h_answer = gr.HTML(label="answer")
+            h_timeline, h_tl_x = _timeline_box(empty, "history-timeline")
+            h_view = gr.State(None)  # the past run shown, for the timeline's x axis
             with gr.Row(equal_height=False):  # each chart keeps a readable width: on a narrow screen they stack
                 with gr.Column(min_width=480):
                     c_latency = gr.Plot(label="latency by method", show_label=False)
@@ -319,8 +324,11 @@ def build_app(studio: Studio) -> gr.Blocks:
                     c_speedup = gr.Plot(label="SSR vs draft start", show_label=False)
                 with gr.Column(min_width=480):
                     c_rsd = gr.Plot(label="RSD vs threshold", show_label=False)
-            with gr.Row(equal_height=False), gr.Column(min_width=480):
-                c_accuracy = gr.Plot(label="accuracy by method", show_label=False)
+            with gr.Row(equal_height=False):
+                with gr.Column(min_width=480):
+                    c_accuracy = gr.Plot(label="accuracy by method", show_label=False)
+                with gr.Column(min_width=480):
+                    c_acceptance = gr.Plot(label="acceptance by method", show_label=False)
 
         # ------------------------------------------------------------------ wiring: runs
         # The run's settings, written once: the API's parameters (names, order, defaults) and the
@@ -347,7 +355,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                         shown = COMPARE_SHOWS if COMPARE_SHOWS in frame.runs else list(frame.runs)[-1]
                         runs = gr.update(choices=list(frame.runs), value=shown, visible=True)
                     yield (*panes, gr.update(value=fig, visible=fig is not None), frame.view, _draft_picker(frame),
-                           frame.runs, runs)
+                           frame.runs, runs, gr.skip() if frame.timeline is None else frame.timeline)
 
         def busy():  # the Stop buttons on, the start buttons off
             on, off = gr.update(interactive=True), gr.update(interactive=False)
@@ -360,12 +368,13 @@ def build_app(studio: Studio) -> gr.Blocks:
         buttons = [stop_btn, run_btn, sweep_btn, bench_stop, bench_btn]
         run_event = run_btn.click(busy, None, buttons, queue=False, **PRIVATE).then(
             run, [prompt, method, model, *run_settings.values()],
-            [reasoning_pane, draft_pane, answer_pane, metrics, chart, last_view, draft_pick, last_runs, run_pick],
+            [reasoning_pane, draft_pane, answer_pane, metrics, chart, last_view, draft_pick, last_runs, run_pick,
+             timeline],
             api_name="run", concurrency_limit=RUN_CONCURRENCY, show_progress="minimal", show_progress_on=[metrics])
 
-        def show_run(runs, which):
+        def show_run(runs, which, x):
             frame = runs[which]
-            return (*frame.as_tuple()[:4], frame.view, _draft_picker(frame))
+            return (*frame.as_tuple()[:4], frame.view, _draft_picker(frame), where_time_goes(frame.view, x))
 
         for example_set, shows, suits in example_sets:  # picking an example sets the method it shows (and model)
             if suits is None:
@@ -374,8 +383,10 @@ def build_app(studio: Studio) -> gr.Blocks:
                 example_set.dataset.click(lambda shows=shows, suits=suits: (shows, suits), None, [method, model],
                                           **PRIVATE)
 
-        run_pick.input(show_run, [last_runs, run_pick],
-                       [reasoning_pane, draft_pane, answer_pane, metrics, last_view, draft_pick], **PRIVATE)
+        run_pick.input(show_run, [last_runs, run_pick, tl_x],
+                       [reasoning_pane, draft_pane, answer_pane, metrics, last_view, draft_pick, timeline], **PRIVATE)
+        for box, x_axis, state in ((timeline, tl_x, last_view), (h_timeline, h_tl_x, h_view)):
+            x_axis.input(lambda view, x: where_time_goes(view or empty, x), [state, x_axis], [box], **PRIVATE)
         draft_pick.input(lambda view, which: view.draft_html(which) if view else "", [last_view, draft_pick],
                          [draft_pane], **PRIVATE)
 
@@ -485,10 +496,11 @@ def build_app(studio: Studio) -> gr.Blocks:
             picked = dataset_name if dataset_name in names else "all"
             return (table_rows, charts.latency_by_method(rows), charts.token_composition(rows),
                     charts.speedup_vs_draft_start(rows), charts.rsd_by_threshold(rows), charts.accuracy_by_method(rows),
-                    gr.update(choices=["all", *names], value=picked),
+                    charts.acceptance_by_method(rows), gr.update(choices=["all", *names], value=picked),
                     f'<div class="metrics status">{html.escape(note)}</div>')
 
-        history_outputs = [table, c_latency, c_tokens, c_speedup, c_rsd, c_accuracy, dataset_filter, history_note]
+        history_outputs = [table, c_latency, c_tokens, c_speedup, c_rsd, c_accuracy, c_acceptance, dataset_filter,
+                           history_note]
         history_inputs = [method_filter, dataset_filter, hide_slow]
         refresh.click(load_history, history_inputs, history_outputs, api_name="history")
         method_filter.change(load_history, history_inputs, history_outputs, **PRIVATE)
@@ -500,15 +512,19 @@ def build_app(studio: Studio) -> gr.Blocks:
             event.then(idle, None, buttons, queue=False, **PRIVATE).then(
                 load_history, history_inputs, history_outputs, **PRIVATE)
 
-        def past_run(get):
+        def past_run(get, x="time"):
             try:
                 frame = get()
             except ValueError as err:
-                return "", error_html(str(err)), "", "", ""
-            return prompt_html(frame.prompt), frame.metrics, frame.reasoning, frame.draft, frame.answer
+                return "", error_html(str(err)), "", "", "", gr.skip(), gr.skip()
+            return (prompt_html(frame.prompt), frame.metrics, frame.reasoning, frame.draft, frame.answer,
+                    where_time_goes(frame.view, x), frame.view)
 
-        past_outputs = [h_prompt, h_metrics, h_reasoning, h_draft, h_answer]
-        show.click(lambda rid: past_run(lambda: studio.replay(rid)), [run_id], past_outputs, api_name="replay")
+        past_outputs = [h_prompt, h_metrics, h_reasoning, h_draft, h_answer, h_timeline, h_view]
+        def replay(rid, x="time"):
+            return past_run(lambda: studio.replay(rid), x)
+
+        show.click(replay, [run_id, h_tl_x], past_outputs, api_name="replay")
 
         def do_export(rid, method_name, dataset_name, kind):
             try:
@@ -520,13 +536,22 @@ def build_app(studio: Studio) -> gr.Blocks:
             button.click(partial(do_export, kind=kind), [run_id, method_filter, dataset_filter], [exported, h_metrics],
                          **PRIVATE)
 
-        def do_import(path):
+        def do_import(path, x):
             if not path:
-                return "", "", "", "", ""
-            return past_run(lambda: studio.import_trace(path))
+                return "", "", "", "", "", gr.skip(), gr.skip()
+            return past_run(lambda: studio.import_trace(path), x)
 
-        imported.change(do_import, [imported], past_outputs, **PRIVATE)
+        imported.change(do_import, [imported, h_tl_x], past_outputs, **PRIVATE)
     return demo
+
+
+def _timeline_box(empty: TraceView, elem_id: str) -> tuple[gr.HTML, gr.Radio]:
+    """The timeline under a run's panes (and its x axis): every forward, its rows, the acceptance statistics."""
+    with gr.Accordion("Timeline: where the time goes", open=True):
+        x_axis = gr.Radio(list(X_MODES), value="time", label="Timeline x axis", elem_id=f"{elem_id}-x",
+                          info="time: each bar spans its forward; forward: one slot per forward (a live run draws by time)")
+        box = gr.HTML(where_time_goes(empty), label="timeline", js_on_load=TIMELINE_JS, elem_id=elem_id)
+    return box, x_axis
 
 
 def _draft_start_info(max_think: int) -> str:

@@ -8,11 +8,13 @@ through ``html.escape``: a prompt or an output holding ``<script>`` shows as tex
 from __future__ import annotations
 
 import html
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.events import (
     DoneEvent,
+    ForwardEvent,
     PhaseEvent,
     RunStats,
     StepEvent,
@@ -39,6 +41,7 @@ class Tok:
     # ids of the tokens just before this one that showed no text: a byte-level tokenizer splits one character
     # (an emoji, a CJK character) over several tokens, and its text comes whole with the last of them
     joins: tuple[int, ...] = ()
+    fwd: int | None = None  # the forward that chose it (the timeline highlights a forward's tokens)
     _html: str | None = field(default=None, repr=False, compare=False)  # rendered once, re-rendered on change
 
     def verdict(self, status: str, source: str | None, match_len: int | None) -> None:
@@ -68,7 +71,8 @@ class Tok:
         tip += f" · {self.t:.2f}s"
         if not self.text:
             tip += " · no text of its own: part of a character that a later token completes"
-        return f'<span class="tok st-{self.status}" title="{html.escape(tip)}">{html.escape(text)}{after}</span>'
+        f = "" if self.fwd is None else f' data-f="{self.fwd}"'
+        return f'<span class="tok st-{self.status}"{f} title="{html.escape(tip)}">{html.escape(text)}{after}</span>'
 
 
 @dataclass
@@ -96,6 +100,11 @@ class TraceView:
     notice: str | None = None  # something the user must know about this run (e.g. "not saved: ...")
     compiled_shapes: tuple[int, int] | None = None  # while compiling: step shapes done, of how many
     budgets: tuple[int, int] | None = None  # (max_think, max_answer) of the run: a cut is shown while it streams
+    forwards: list[ForwardEvent] = field(default_factory=list)  # every forward so far (the timeline's bars)
+    fork_times: dict[int, float] = field(default_factory=dict)  # draft -> when it forked (seconds)
+    answer_t: float | None = None  # when the answer phase began
+    # per row, the forwards whose kept and forced tokens have not all come yet: [index, tokens still to come]
+    _owed: dict[str, deque] = field(default_factory=dict, repr=False, compare=False)
     _next_step_at: tuple[str, int] = ("reasoning", 0)  # where the next kept step begins
     tally: TokenTally = field(default_factory=lambda: TokenTally(RunStats()), repr=False, compare=False)
 
@@ -104,8 +113,11 @@ class TraceView:
         if isinstance(ev, PhaseEvent):
             if ev.phase == "drafting":
                 self.draft_forks[ev.draft] = ev.at_token
+                self.fork_times[ev.draft] = ev.t
                 self.drafts.setdefault(ev.draft, [])
             else:
+                if ev.phase == "answer":
+                    self.answer_t = ev.t
                 self.phase = ev.phase
                 if ev.phase == "compiling" and ev.total:
                     self.compiled_shapes = (ev.done, ev.total)
@@ -118,7 +130,14 @@ class TraceView:
                 toks[ev.position].verdict(ev.status, ev.source, ev.match_len)
             else:
                 toks.append(Tok(ev.token_id, ev.text, ev.status, ev.t, ev.draft, ev.source, ev.match_len,
-                                _held(toks) if ev.text else ()))
+                                _held(toks) if ev.text else (), self._chosen_by(ev)))
+        elif isinstance(ev, ForwardEvent):
+            self.forwards.append(ev)
+            for r in ev.rows:
+                # a draft's forced tokens are its opening tail, shown at its fork before any forward: not owed
+                owed = r.kept + (0 if r.row.startswith("draft ") else r.forced)
+                if owed:
+                    self._owed.setdefault(self._row_key(r.row), deque()).append([ev.index, owed])
         elif isinstance(ev, StepEvent):
             self.steps.append(ev)
             if ev.accepted is not False:  # a kept step: label it where it begins
@@ -127,6 +146,22 @@ class TraceView:
         elif isinstance(ev, DoneEvent):
             self.done, self.stats, self.phase = ev, ev.stats, "done"
         self.elapsed = max(self.elapsed, getattr(ev, "t", 0.0) or 0.0)
+
+    def _row_key(self, row: str) -> str:
+        return "steps" if row in ("draft", "target") else row  # RSD: one text, written by either model
+
+    def _chosen_by(self, ev: TokenEvent) -> int | None:
+        """The forward that chose a new token: the oldest of its row's forwards still owed tokens
+        (None where the record comes after its tokens: a request over a server)."""
+        row = "main" if ev.stream != "draft" else f"draft {ev.draft}"
+        owed = self._owed.get("steps" if "steps" in self._owed else row)
+        if not owed:
+            return None
+        owed[0][1] -= 1
+        index = owed[0][0]
+        if owed[0][1] == 0:
+            owed.popleft()
+        return index
 
     # ------------------------------------------------------------------ panes
     def _fork_shown_at(self, at: int) -> int:
