@@ -530,3 +530,135 @@ def test_11_an_rsd_example_sets_rsd_and_the_strip_holds_its_rule_at_two_widths(p
         assert fits, f"the rule cell ends at {right}px, the strip at {edge}px ({width} px wide)"
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"rsd-strip-{width}.png"), full_page=True)
+
+
+# ----------------------------------------------------------------------------- issue 31: the timeline
+
+DOCS_IMG = ROOT / "docs" / "img"
+LANES = "[...document.querySelectorAll('#ID .tl-label')].map(e => e.innerText)"
+
+
+def _lanes(page, box: str = "timeline") -> list[str]:
+    return page.evaluate(LANES.replace("ID", box))
+
+
+def _shoot_timeline(page, name: str) -> None:
+    """The timeline and its statistics, for docs/img (looked at: the issue asks it)."""
+    page.locator("#timeline").scroll_into_view_if_needed()
+    page.locator("#timeline").screenshot(path=str(DOCS_IMG / f"{name}.png"))
+
+
+@needs_browser
+@pytest.mark.parametrize("width", [1400, 760])
+def test_31_the_timeline_shows_every_method_live_and_replayed(app, browser, width):
+    """SSR (its drafts' lanes, forks, the end of thinking), baseline, RSD (draft, PRM, target), a
+    Compare switching between its runs, and a replay from History; a click on a bar highlights the
+    tokens its forward chose."""
+    page = browser.new_page(viewport={"width": width, "height": 1200})
+    page.goto(app[0])
+    page.wait_for_selector("#method", timeout=30_000)
+    try:
+        _run_to_end(page, CLASS, "SSR")
+        lanes = _lanes(page)
+        assert lanes[0] == "main" and "draft 0" in lanes, lanes
+        html = page.locator("#timeline").inner_html()
+        assert "forked after" in html and "end of thinking" in html and "Acceptance per verify" in html
+        page.locator("#timeline [aria-label='main lane'] .tl-bar").last.click()  # the answer's last verify
+        page.wait_for_function("document.querySelectorAll('.tok.hl').length > 0", timeout=5_000)
+        highlighted = page.evaluate("[...document.querySelectorAll('.tok.hl')].map(t => t.closest('[id]')?.id)")
+        assert highlighted, "the bar's tokens are highlighted"
+        _shoot_timeline(page, f"timeline-ssr-{width}")
+        page.get_by_label("forward", exact=True).check()
+        page.wait_for_function("document.querySelector('#timeline').innerText.includes('forward index')",
+                               timeout=10_000)
+        page.get_by_label("time", exact=True).check()
+        _run_to_end(page, CLASS, "Baseline")
+        assert _lanes(page) == ["main"]
+        assert "no verifies in this run" in page.locator("#timeline").inner_text()
+        _run_to_end(page, ARITH, "RSD")
+        assert _lanes(page)[:2] == ["draft", "prm"], _lanes(page)
+        assert "PRM: step kept" in page.locator("#timeline").inner_text()
+        _shoot_timeline(page, f"timeline-rsd-{width}")
+        _run_to_end(page, ARITH, "Compare")
+        page.locator(".run-pick").get_by_label("Baseline", exact=True).check()
+        page.wait_for_function(f"JSON.stringify({LANES.replace('ID', 'timeline')}) === '[\"main\"]'", timeout=10_000)
+        page.locator(".run-pick").get_by_label("SSR", exact=True).check()
+        page.wait_for_function(f"{LANES.replace('ID', 'timeline')}.includes('draft 0')", timeout=10_000)
+        _shoot_timeline(page, f"timeline-compare-ssr-{width}")
+        # replayed: the newest SSR run, from History
+        rid = query(app[1], "select max(id) from runs where method = 'ssr' and status = 'ok'")[0][0]
+        page.get_by_role("tab", name="History").click()
+        page.get_by_label("Run id").fill(str(rid))
+        page.get_by_role("button", name="Show this run").click()
+        page.wait_for_function(f"{LANES.replace('ID', 'history-timeline')}.includes('draft 0')", timeout=30_000)
+        _no_error_pill(page)
+    finally:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"timeline-{width}.png"), full_page=True)
+        page.close()
+
+
+@pytest.fixture(scope="module")
+def rambling_model(tmp_path_factory):
+    """A random model with a 4,096-token window that never closes its thoughts by itself: a run of
+    2,000+ tokens on the bundled budgets' scale."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from tests.tiny import make_tokenizer
+
+    folder = tmp_path_factory.mktemp("rambling")
+    tok = make_tokenizer("open")
+    torch.manual_seed(7)
+    config = Qwen3Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=4096,
+                         eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    Qwen3ForCausalLM(config).eval().save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@needs_browser
+def test_31_a_run_of_thousands_of_tokens_keeps_the_page_responsive(page, rambling_model):
+    """SSR with three drafts, 1,500 reasoning and 600 answer tokens (2,000+ tokens, 1,500+ forwards):
+    the timeline streams (drawn while the run goes) and the page's main thread never freezes."""
+    model = page.locator("#model input")
+    model.fill(str(rambling_model))
+    model.press("Enter")
+    page.get_by_text("SSR settings").click()
+    for label, value in (("Max think", "1500"), ("Max answer", "600"), ("Number of drafts", "3"),
+                         ("Draft interval", "400"), ("Max draft", "300")):
+        box = page.get_by_role("spinbutton", name=label, exact=True)
+        box.fill("")
+        box.press_sequentially(value, delay=100)
+        box.press("Enter")
+    start = page.locator("#draft-start input")
+    start.fill("100")
+    start.press("Enter")
+    page.wait_for_timeout(500)
+    page.evaluate("""() => {
+        window.__tasks = [];
+        new PerformanceObserver(list => { for (const e of list.getEntries()) window.__tasks.push(e.duration); })
+            .observe({type: 'longtask'});
+        window.__drawn = [];
+        new MutationObserver(() => window.__drawn.push(
+                [performance.now(), document.querySelectorAll('#timeline .tl-bar').length]))
+            .observe(document.querySelector('#timeline'), {subtree: true, childList: true});
+    }""")
+    _start(page, "hello world", "SSR")
+    page.wait_for_function("!document.querySelector('#stop').disabled", timeout=120_000)
+    page.wait_for_function("document.querySelector('#stop').disabled", timeout=600_000)
+    strip = page.locator(".metrics").first.inner_text()
+    tasks, drawn = page.evaluate("[window.__tasks, window.__drawn]")
+    bars = page.locator("#timeline .tl-bar").count()
+    assert "forwards" in page.locator("#timeline").inner_text()
+    tokens = page.evaluate("document.querySelectorAll('.tok').length")
+    assert tokens >= 2000, f"only {tokens} tokens on the page: the run was meant to be long ({strip})"
+    live = [n for _, n in drawn if 0 < n]
+    assert len(set(live)) >= 3, "the timeline was redrawn as the run went, not only at its end"
+    worst = max(tasks, default=0)
+    print(f"{tokens} tokens, {bars} timeline bars: longest main-thread task {worst:.0f} ms over {len(tasks)} long "
+          f"tasks; the timeline drawn {len(set(live))} times")
+    assert worst < 2000, f"the page froze for {worst:.0f} ms"
+    page.set_viewport_size({"width": 760, "height": 1200})
+    _shoot_timeline(page, "timeline-long-760")
