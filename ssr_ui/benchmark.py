@@ -32,7 +32,7 @@ RUN_COLUMNS = ["problem", "repeat", "method", "correct", "latency s", "answer to
 
 
 # while runs stream, the status line moves on every run, the tables redraw at most every REDRAW_S seconds and the
-# charts (three plotly figures: the page's heaviest redraw) every CHARTS_S; everything at the end
+# charts (four plotly figures: the page's heaviest redraw) every CHARTS_S; everything at the end
 REDRAW_S, CHARTS_S = 2.0, 10.0
 
 
@@ -45,15 +45,15 @@ class BenchFrame:
     status: str
     summary: dict | None = field(default_factory=lambda: {"headers": ["method"], "data": []})
     runs: dict | None = field(default_factory=lambda: {"headers": RUN_COLUMNS, "data": []})
-    figures: tuple | None = (None, None, None)
+    figures: tuple | None = (None,) * 4  # accuracy, latency, answer tokens, acceptance
 
     def as_tuple(self) -> tuple:
-        return (self.status, self.summary, self.runs, *(self.figures or (None, None, None)))
+        return (self.status, self.summary, self.runs, *(self.figures or (None,) * 4))
 
     @property
     def unchanged(self) -> tuple[bool, ...]:
         """Which of :meth:`as_tuple`'s outputs the page keeps as they are."""
-        return (False, self.summary is None, self.runs is None, *(self.figures is None,) * 3)
+        return (False, self.summary is None, self.runs is None, *(self.figures is None,) * 4)
 
 
 def progress_html(done: int, total: int, note: str) -> str:
@@ -180,4 +180,5 @@ class BenchmarkRuns:
         rows = _as_logged(runs)
         return BenchFrame(progress_html(len(runs), total, note), {"headers": heads, "data": cells},
                           {"headers": RUN_COLUMNS, "data": [_run_row(r) for r in runs]},
-                          (charts.accuracy_by_method(rows), charts.latency_by_method(rows), charts.token_composition(rows)))
+                          (charts.accuracy_by_method(rows), charts.latency_by_method(rows), charts.token_composition(rows),
+                           charts.acceptance_by_method(rows)))

@@ -275,6 +275,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                     b_latency = gr.Plot(label="latency", show_label=False)
                 with gr.Column(min_width=360):
                     b_tokens = gr.Plot(label="answer tokens", show_label=False)
+            b_acceptance = gr.Plot(label="acceptance", show_label=False)
             b_runs = gr.Dataframe(headers=RUN_COLUMNS, interactive=False, wrap=False, label="runs",
                                   elem_id="bench-runs")
 
@@ -435,7 +436,7 @@ def build_app(studio: Studio) -> gr.Blocks:
         bench_event = bench_btn.click(busy, None, buttons, queue=False, **PRIVATE).then(
             benchmark, [b_dataset, b_upload, b_methods, b_limit, b_repeat, b_sample, b_task, b_qfield, b_afield, model,
                         *run_settings.values()],
-            [b_status, b_summary, b_runs, b_accuracy, b_latency, b_tokens], api_name="benchmark",
+            [b_status, b_summary, b_runs, b_accuracy, b_latency, b_tokens, b_acceptance], api_name="benchmark",
             concurrency_limit=RUN_CONCURRENCY, show_progress="minimal", show_progress_on=[b_status])
         bench_stop.click(stop, None, None, queue=False, **PRIVATE)
 

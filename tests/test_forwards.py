@@ -197,3 +197,26 @@ def test_acceptance_by_position_and_merge():
     assert a["suffix in drafts"] == {"hist": [0, 1], "reached": [1], "taken": [1]}
     both = merge([a, a])
     assert both["draft prefix"]["reached"] == [6, 6, 4] and both["suffix in drafts"]["hist"] == [0, 2]
+
+
+# ----------------------------------------------------------------------------- real pretrained models
+
+@pytest.mark.parametrize("method", ["baseline", "ssr", "hf-pld"])
+def test_the_forwards_add_up_on_smollm2(method):
+    """A prompted model: its marker is written over three tokens, forced at the budget (Max think 24)."""
+    from tests.test_real_models import PROMPTS, smollm2
+
+    lm = smollm2()
+    for cfg in (RunConfig(max_think=24, max_answer=16, draft_start=8, max_draft=16),
+                RunConfig(max_think=64, max_answer=24, draft_start=12, max_draft=24, num_drafts=2, draft_interval=16)):
+        assert_adds_up(list(decoder(method, lm)(PROMPTS[1], cfg)))
+
+
+@pytest.mark.parametrize("method", ["baseline", "hf"])
+def test_the_forwards_add_up_on_gemma3(method):
+    """A base model: no reasoning, every forward in the answer (sliding windows, a 262k vocabulary)."""
+    from tests.test_real_models import gemma3
+
+    events = list(decoder(method, gemma3())("The three primary colors are", RunConfig(max_think=8, max_answer=12)))
+    assert_adds_up(events)
+    assert {f.phase for f in events if isinstance(f, ForwardEvent)} <= {"prefill", "answer"}

@@ -112,6 +112,7 @@ class Bench:
             return None
         stats = done.stats.to_dict()  # every RunStats field, named as in the runs table
         run = {"prompt_id": problem.id, "repeat": repeat, "latency_s": stats["wall_s"], **stats, "method": method,
+               "model": lm.model_id,
                "dataset": self.dataset, "task": problem.task, "graded_by": self.grader.how(problem),
                "reference": problem.reference, "answer_text": done.answer_text, "answer_token_ids": done.answer_ids,
                "reasoning_token_ids": done.reasoning_ids}

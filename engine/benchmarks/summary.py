@@ -14,6 +14,7 @@ import math
 import statistics
 from pathlib import Path
 
+from engine.forwards import mean_accepted, merge, parse
 from engine.methods.rsd.loop import RSD_METHODS
 from engine.registry import SINGLE_MODEL
 
@@ -102,6 +103,10 @@ def summarize(runs: list[dict], greedy: bool) -> list[dict]:
         per_forward = [t for r in mine if (t := tokens_per_forward(r)) is not None]
         if per_forward:
             row["median_tokens_per_forward"] = statistics.median(per_forward)
+        per_verify = [r["verify_accepted"] / r["verifies"] for r in mine if r.get("verifies")]
+        if per_verify:  # the forwards' own figure: accepted proposal tokens per verify, every proposer
+            row["median_accepted_per_verify"] = statistics.median(per_verify)
+            row["accepted_per_verify_iqr"] = iqr(per_verify)
         row["median_accepted"] = statistics.median(r["accepted"] for r in mine)
         row["median_recovered"] = statistics.median(r["recovered"] for r in mine)
         summary.append(row)
@@ -133,10 +138,36 @@ COLUMNS = [("method", "method", "{}"), ("accuracy", "accuracy", "{:.1%}"),
            ("median_flops_ratio_to_target", "FLOPs / target (median per problem)", "{:.3f}"),
            ("median_tokens_per_s", "tok/s", "{:.1f}"), ("median_ttft_s", "first answer s", "{:.3f}"),
            ("median_tokens_per_forward", "answer tok / forward", "{:.2f}"),
+           ("median_accepted_per_verify", "accepted / verify (median)", "{:.2f}"),
+           ("accepted_per_verify_iqr", "its IQR", "{0[0]:.2f}-{0[1]:.2f}"),
            ("median_accepted", "accepted", "{:.0f}"), ("median_recovered", "recovered", "{:.0f}"),
            ("answers_equal_baseline", "= baseline", "{}"),
            ("median_step_ratio_with_draft", "step s with drafts / alone", "{:.2f}"),
            ("fraction_steps_accepted", "steps kept", "{:.1%}")]
+
+
+def where_time_went(runs: list[dict]) -> list[str]:
+    """Per method, a line on where its time went (medians over runs: the share of the wall time
+    inside forwards, the drafts' cost beyond a lone reasoning step) and, per proposer, its verifies
+    pooled over runs: count, mean accepted of mean proposed, the acceptance rate at the 1st, 2nd
+    and 4th position of a proposal (``engine.forwards``)."""
+    lines = []
+    for m in sorted({r["method"] for r in runs}):
+        mine = [r for r in runs if r["method"] == m and r.get("wall_s")]
+        if not mine or not any(r.get("forward_s") for r in mine):
+            continue
+        inside = statistics.median(r["forward_s"] / r["wall_s"] for r in mine)
+        drafting = statistics.median(r.get("drafting_s", 0.0) / r["wall_s"] for r in mine)
+        line = f"{m}: {inside:.0%} of the time inside forwards (median), drafting {drafting:.0%}"
+        pooled = merge(parse(r.get("acceptance")) for r in mine)
+        for who, a in sorted(pooled.items(), key=lambda kv: -sum(kv[1]["hist"])):
+            n = sum(a["hist"])
+            rates = ", ".join(f"{k + 1}: {a['taken'][k] / a['reached'][k]:.0%}" for k in (0, 1, 3)
+                              if k < len(a["reached"]) and a["reached"][k])
+            line += (f"; {who}: {n} verifies, {mean_accepted(a):.2f} accepted of {sum(a['reached']) / n:.2f} proposed"
+                     f" (by position {rates})")
+        lines.append(line)
+    return lines
 
 
 def table_cells(summary: list[dict]) -> tuple[list[str], list[list[str]]]:

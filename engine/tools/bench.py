@@ -46,7 +46,7 @@ from engine.benchmarks.problems import (
     reach_hub,
 )
 from engine.benchmarks.runner import Bench
-from engine.benchmarks.summary import format_table, spread_warnings, summarize, write_csv
+from engine.benchmarks.summary import format_table, spread_warnings, summarize, where_time_went, write_csv
 from engine.config import RunConfig, field_help
 from engine.events import Event, TokenEvent
 from engine.methods.rsd.loop import RSD_METHODS
@@ -292,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.csv:
         write_csv(args.csv, runs)
     print(format_table(summary))
+    for line in where_time_went(runs):
+        print(line)
     for warning in spread_warnings(summary):
         print(f"warning: {warning}")
     if grader.math_timeouts:
