@@ -9,7 +9,6 @@ nothing to show yet.
 from __future__ import annotations
 
 import json
-
 import statistics
 
 import plotly.graph_objects as go

@@ -34,9 +34,9 @@ from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 from ssr_ui import charts
 from ssr_ui.benchmark import BENCH_METHODS, RUN_COLUMNS
 from ssr_ui.benchmark import MAX_ROWS as BENCH_MAX_ROWS
+from ssr_ui.frame import where_time_goes
 from ssr_ui.handlers import COMPARE_SHOWS, MODES, Studio
 from ssr_ui.jobs import current_event_id
-from ssr_ui.frame import where_time_goes
 from ssr_ui.render import LEGEND, TraceView, error_html, prompt_html
 from ssr_ui.timeline import TIMELINE_JS, X_MODES
 
@@ -372,6 +372,9 @@ def build_app(studio: Studio) -> gr.Blocks:
             [reasoning_pane, draft_pane, answer_pane, metrics, chart, last_view, draft_pick, last_runs, run_pick,
              timeline],
             api_name="run", concurrency_limit=RUN_CONCURRENCY, show_progress="minimal", show_progress_on=[metrics])
+        # a live run draws its timeline by time; once it ends, the x axis picked is honoured
+        run_event.then(lambda view, x: gr.skip() if x == "time" or view is None else where_time_goes(view, x),
+                       [last_view, tl_x], [timeline], **PRIVATE)
 
         def show_run(runs, which, x):
             frame = runs[which]
@@ -409,10 +412,11 @@ def build_app(studio: Studio) -> gr.Blocks:
         def panes_for_sweep():  # the panes would show an older run beside the sweep's chart: cleared, and said why
             note = ('<div class="metrics status">the draft-start sweep runs above: its chart and status are in the '
                     'sweep section, each of its runs in History (Run shows a single run here)</div>')
-            return empty.reasoning_html(), empty.draft_html(), empty.answer_html(), note, gr.update(visible=False)
+            return (empty.reasoning_html(), empty.draft_html(), empty.answer_html(), note, gr.update(visible=False),
+                    '<div class="timeline empty">the sweep\'s runs are in History, each with its timeline</div>', None)
 
-        sweep_btn.click(panes_for_sweep, None, [reasoning_pane, draft_pane, answer_pane, metrics, chart], queue=False,
-                        **PRIVATE)
+        sweep_btn.click(panes_for_sweep, None, [reasoning_pane, draft_pane, answer_pane, metrics, chart, timeline,
+                                                last_view], queue=False, **PRIVATE)
         sweep_event = sweep_btn.click(busy, None, buttons, queue=False, **PRIVATE).then(
             sweep, [prompt, model, sweep_from, sweep_to, sweep_step, *sweep_settings.values()],
             [sweep_status, sweep_plot], api_name="sweep", concurrency_limit=RUN_CONCURRENCY,
@@ -517,7 +521,7 @@ def build_app(studio: Studio) -> gr.Blocks:
             try:
                 frame = get()
             except ValueError as err:
-                return "", error_html(str(err)), "", "", "", gr.skip(), gr.skip()
+                return "", error_html(str(err)), "", "", "", where_time_goes(empty), None
             return (prompt_html(frame.prompt), frame.metrics, frame.reasoning, frame.draft, frame.answer,
                     where_time_goes(frame.view, x), frame.view)
 
@@ -539,7 +543,7 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         def do_import(path, x):
             if not path:
-                return "", "", "", "", "", gr.skip(), gr.skip()
+                return "", "", "", "", "", where_time_goes(empty), None
             return past_run(lambda: studio.import_trace(path), x)
 
         imported.change(do_import, [imported, h_tl_x], past_outputs, **PRIVATE)

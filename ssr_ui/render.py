@@ -22,6 +22,7 @@ from engine.events import (
     TokenTally,
 )
 from engine.methods.budget import budget_cut
+from engine.methods.rsd.roles import RSD_METHODS
 from engine.registry import PLAIN
 
 CSS = (Path(__file__).resolve().parents[1] / "assets" / "studio.css").read_text()
@@ -105,6 +106,7 @@ class TraceView:
     answer_t: float | None = None  # when the answer phase began
     # per row, the forwards whose kept and forced tokens have not all come yet: [index, tokens still to come]
     _owed: dict[str, deque] = field(default_factory=dict, repr=False, compare=False)
+    _pending: dict[str, list[Tok]] = field(default_factory=dict, repr=False, compare=False)  # no forward's yet
     _next_step_at: tuple[str, int] = ("reasoning", 0)  # where the next kept step begins
     tally: TokenTally = field(default_factory=lambda: TokenTally(RunStats()), repr=False, compare=False)
 
@@ -129,15 +131,26 @@ class TraceView:
                 # speculation accepted)
                 toks[ev.position].verdict(ev.status, ev.source, ev.match_len)
             else:
-                toks.append(Tok(ev.token_id, ev.text, ev.status, ev.t, ev.draft, ev.source, ev.match_len,
-                                _held(toks) if ev.text else (), self._chosen_by(ev)))
+                tok = Tok(ev.token_id, ev.text, ev.status, ev.t, ev.draft, ev.source, ev.match_len,
+                          _held(toks) if ev.text else ())
+                toks.append(tok)
+                self._chosen_by(tok, self._token_key(ev))
         elif isinstance(ev, ForwardEvent):
             self.forwards.append(ev)
             for r in ev.rows:
-                # a draft's forced tokens are its opening tail, shown at its fork before any forward: not owed
-                owed = r.kept + (0 if r.row.startswith("draft ") else r.forced)
-                if owed:
-                    self._owed.setdefault(self._row_key(r.row), deque()).append([ev.index, owed])
+                owed = r.kept + r.forced
+                if not owed:
+                    continue
+                key = "steps" if self.method in RSD_METHODS and r.row in ("draft", "target") else r.row
+                # tokens that came before their forward's record, oldest first: a draft's opening tail (written at
+                # its fork, fed by its first forward), or a request's tokens (its record comes when it ends)
+                waiting = self._pending.get(key, [])
+                claimed = min(owed, len(waiting))
+                for tok in waiting[:claimed]:
+                    tok.fwd, tok._html = ev.index, None
+                del waiting[:claimed]
+                if owed > claimed:  # the rest come after it
+                    self._owed.setdefault(key, deque()).append([ev.index, owed - claimed])
         elif isinstance(ev, StepEvent):
             self.steps.append(ev)
             if ev.accepted is not False:  # a kept step: label it where it begins
@@ -147,21 +160,23 @@ class TraceView:
             self.done, self.stats, self.phase = ev, ev.stats, "done"
         self.elapsed = max(self.elapsed, getattr(ev, "t", 0.0) or 0.0)
 
-    def _row_key(self, row: str) -> str:
-        return "steps" if row in ("draft", "target") else row  # RSD: one text, written by either model
+    def _token_key(self, ev: TokenEvent) -> str:
+        """The forward row that writes a token's stream (RSD: one text, written by its draft or target)."""
+        if self.method in RSD_METHODS:
+            return "steps"
+        return "main" if ev.stream != "draft" else f"draft {ev.draft}"
 
-    def _chosen_by(self, ev: TokenEvent) -> int | None:
-        """The forward that chose a new token: the oldest of its row's forwards still owed tokens
-        (None where the record comes after its tokens: a request over a server)."""
-        row = "main" if ev.stream != "draft" else f"draft {ev.draft}"
-        owed = self._owed.get("steps" if "steps" in self._owed else row)
+    def _chosen_by(self, tok: Tok, key: str) -> None:
+        """Name the forward that chose a new token: the oldest of its row's forwards still owed tokens,
+        or, where none is (a request's record comes after its tokens), the next record of its row."""
+        owed = self._owed.get(key)
         if not owed:
-            return None
+            self._pending.setdefault(key, []).append(tok)
+            return
         owed[0][1] -= 1
-        index = owed[0][0]
+        tok.fwd = owed[0][0]
         if owed[0][1] == 0:
             owed.popleft()
-        return index
 
     # ------------------------------------------------------------------ panes
     def _fork_shown_at(self, at: int) -> int:

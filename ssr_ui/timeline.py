@@ -30,7 +30,7 @@ WIDTH = 1000  # the SVG's user units across (it stretches to the page's width)
 LANE_H = 30
 PHASE_COLORS = {"prefill": "#9ca3af", "reasoning": "#2563eb", "answer": "#16a34a"}
 DRAFT_COLOR = "#d97706"
-VERDICT_COLORS = {"kept": "#16a34a", "rewritten": "#dc2626"}
+VERDICT_COLORS = {"kept": "#16a34a", "rejected": "#dc2626"}
 SPLIT_COLORS = {"prefill": "#9ca3af", "reasoning": "#2563eb", "drafting": "#d97706", "answer": "#16a34a",
                 "bookkeeping": "#e5e7eb"}
 X_MODES = ("time", "forward")
@@ -41,9 +41,10 @@ element.addEventListener('click', (event) => {
   const bar = event.target.closest('[data-f]');
   if (!bar) return;
   const lo = Number(bar.dataset.f), hi = Number(bar.dataset.g ?? bar.dataset.f);
-  document.querySelectorAll('.tok.hl').forEach((t) => t.classList.remove('hl'));
+  const root = element.closest('[role="tabpanel"]') || document;  // this tab's panes (History has its own)
+  root.querySelectorAll('.tok.hl').forEach((t) => t.classList.remove('hl'));
   let first = null;
-  document.querySelectorAll('.tok[data-f]').forEach((t) => {
+  root.querySelectorAll('.tok[data-f]').forEach((t) => {
     const f = Number(t.dataset.f);
     if (f >= lo && f <= hi) { t.classList.add('hl'); first = first || t; }
   });
@@ -89,7 +90,7 @@ def _tip(f: ForwardEvent, r: RowWork) -> str:
 
 def _color(f: ForwardEvent, r: RowWork) -> str:
     if r.row == "prm" and r.note:
-        return VERDICT_COLORS["kept" if r.note.endswith("kept") else "rewritten"]
+        return VERDICT_COLORS["kept" if r.note.endswith("kept") else "rejected"]
     if r.row.startswith("draft ") or (r.row == "draft" and f.phase != "prefill"):
         return DRAFT_COLOR
     return PHASE_COLORS.get(f.phase, "#6b7280")
@@ -117,11 +118,9 @@ def _bars(forwards: list[ForwardEvent], lane: str, x: str) -> list[_Bar]:
 
 def timeline_html(view, x: str = "time") -> str:
     """The run's timeline (see the module doc); ``x``: "time" or "forward"."""
-    forwards = view.forwards
+    forwards = list(view.forwards)  # a copy: a live run's thread appends to it
     if not forwards:
-        reason = ("no forwards recorded: a run logged before the timeline existed" if view.phase in ("done", "stopped")
-                  else "the timeline fills as the run's forwards come")
-        return f'<div class="timeline empty">{html.escape(reason)}</div>'
+        return f'<div class="timeline empty">{html.escape(_why_empty(view.phase))}</div>'
     span = max(f.end for f in forwards) if x == "time" else len(forwards)
     span = span or 1.0
 
@@ -171,6 +170,14 @@ def timeline_html(view, x: str = "time") -> str:
             f'<div></div><div class="tl-unit">{unit}</div></div></div>')
 
 
+def _why_empty(phase: str) -> str:
+    if phase in ("done", "stopped", "imported"):
+        return "no forwards recorded: a run logged before the timeline existed"
+    if phase in ("waiting", "compiling", "prefill", "reasoning", "answer"):
+        return "the timeline fills as the run's forwards come"
+    return "no forwards to show"
+
+
 def _marks(view, forwards: list[ForwardEvent], x: str) -> list[tuple[float, str, str, str | None]]:
     """(x, label, colour, lane or None for every lane): each draft's fork, the end of thinking."""
     span = (max(f.end for f in forwards) if x == "time" else len(forwards)) or 1.0
@@ -181,7 +188,7 @@ def _marks(view, forwards: list[ForwardEvent], x: str) -> list[tuple[float, str,
         return WIDTH * next((f.index for f in forwards if f.start >= t), len(forwards)) / span
 
     out = []
-    for d, t in sorted(view.fork_times.items()):
+    for d, t in sorted(dict(view.fork_times).items()):  # (a copy: a live run's thread adds to it)
         at = view.draft_forks.get(d)
         label = f"draft {d} forked" + (f" after {at} reasoning tokens" if at is not None else "")
         out += [(pos(t), label, DRAFT_COLOR, "main"), (pos(t), label, DRAFT_COLOR, f"draft {d}")]
@@ -211,7 +218,7 @@ def _tick(v: float, x: str) -> str:
 
 def stats_html(view) -> str:
     """The time split and the acceptance statistics of the run so far."""
-    forwards = view.forwards
+    forwards = list(view.forwards)
     if not forwards:
         return ""
     wall = view.stats.wall_s if view.stats is not None and view.stats.wall_s else max(f.end for f in forwards)
@@ -221,10 +228,10 @@ def stats_html(view) -> str:
                   f'title="{k}: {v:.3f} s ({100 * v / total:.0f}%)"></span>' for k, v in split.items() if v > 0)
     keys = " ".join(f'<span class="tl-key" style="background:{SPLIT_COLORS[k]}"></span>{k} {v:.2f} s '
                     f'({100 * v / total:.0f}%)' for k, v in split.items() if v > 0)
-    parts = [f'<div class="tl-stats"><div class="tl-head">Where the time went ({wall:.2f} s, '
-             f'{len(forwards)} forwards)</div><div class="tl-splitbar">{bar}</div><div class="tl-note">{keys} · '
-             f'drafting: what the forwards carrying drafts cost beyond a lone reasoning step · bookkeeping: the run '
-             f'outside any forward</div>']
+    head = (f'<div class="tl-stats"><div class="tl-head">Where the time went ({wall:.2f} s, {len(forwards)} forwards)'
+            f'</div><div class="tl-splitbar">{bar}</div><div class="tl-note">{keys} · drafting: what the forwards '
+            'carrying drafts cost beyond a lone reasoning step · bookkeeping: the run outside any forward</div>')
+    parts = [head]
     acc = acceptance(forwards)
     if acc:
         cards = "".join(_proposer_card(who, a) for who, a in sorted(acc.items(), key=lambda kv: -sum(kv[1]["hist"])))
@@ -243,7 +250,7 @@ def _proposer_card(who: str, a: dict[str, list[int]]) -> str:
                       "#2563eb", max(a["hist"]) or 1)
     pos = _mini_bars(rates, [f"position {i + 1}: {t} of {r} accepted ({100 * t / r:.0f}%)" if r else ""
                              for i, (t, r) in enumerate(zip(a["taken"], a["reached"], strict=True))], "#16a34a", 1.0)
-    return (f'<div class="tl-card"><b>{html.escape(who)}</b>: {n} verifies, mean accepted '
+    return (f'<div class="tl-card"><b>{html.escape(who)}</b>: {n} verif{"y" if n == 1 else "ies"}, mean accepted '
             f'{mean:.2f} of {sum(a["reached"]) / n:.2f} proposed'
             f'<div class="tl-mini"><span>accepted length per verify (0 to {len(a["hist"]) - 1})</span>{hist}</div>'
             f'<div class="tl-mini"><span>acceptance by position in the proposal (1st to {len(rates)}th)</span>'

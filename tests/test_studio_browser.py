@@ -542,10 +542,10 @@ def _lanes(page, box: str = "timeline") -> list[str]:
     return page.evaluate(LANES.replace("ID", box))
 
 
-def _shoot_timeline(page, name: str) -> None:
+def _shoot_timeline(page, name: str, box: str = "timeline") -> None:
     """The timeline and its statistics, for docs/img (looked at: the issue asks it)."""
-    page.locator("#timeline").scroll_into_view_if_needed()
-    page.locator("#timeline").screenshot(path=str(DOCS_IMG / f"{name}.png"))
+    page.locator(f"#{box}").scroll_into_view_if_needed()
+    page.locator(f"#{box}").screenshot(path=str(DOCS_IMG / f"{name}.png"))
 
 
 @needs_browser
@@ -568,13 +568,14 @@ def test_31_the_timeline_shows_every_method_live_and_replayed(app, browser, widt
         highlighted = page.evaluate("[...document.querySelectorAll('.tok.hl')].map(t => t.closest('[id]')?.id)")
         assert highlighted, "the bar's tokens are highlighted"
         _shoot_timeline(page, f"timeline-ssr-{width}")
-        page.get_by_label("forward", exact=True).check()
+        page.locator("#timeline-x").get_by_label("forward", exact=True).check()
         page.wait_for_function("document.querySelector('#timeline').innerText.includes('forward index')",
                                timeout=10_000)
-        page.get_by_label("time", exact=True).check()
+        page.locator("#timeline-x").get_by_label("time", exact=True).check()
         _run_to_end(page, CLASS, "Baseline")
         assert _lanes(page) == ["main"]
         assert "no verifies in this run" in page.locator("#timeline").inner_text()
+        _shoot_timeline(page, f"timeline-baseline-{width}")
         _run_to_end(page, ARITH, "RSD")
         assert _lanes(page)[:2] == ["draft", "prm"], _lanes(page)
         assert "PRM: step kept" in page.locator("#timeline").inner_text()
@@ -591,6 +592,10 @@ def test_31_the_timeline_shows_every_method_live_and_replayed(app, browser, widt
         page.get_by_label("Run id").fill(str(rid))
         page.get_by_role("button", name="Show this run").click()
         page.wait_for_function(f"{LANES.replace('ID', 'history-timeline')}.includes('draft 0')", timeout=30_000)
+        page.locator("#history-timeline-x").get_by_label("forward", exact=True).check()
+        page.wait_for_function("document.querySelector('#history-timeline').innerText.includes('forward index')",
+                               timeout=10_000)
+        _shoot_timeline(page, f"timeline-replayed-{width}", "history-timeline")
         _no_error_pill(page)
     finally:
         ARTIFACTS.mkdir(exist_ok=True)
@@ -625,6 +630,8 @@ def test_31_a_run_of_thousands_of_tokens_keeps_the_page_responsive(page, ramblin
     model = page.locator("#model input")
     model.fill(str(rambling_model))
     model.press("Enter")
+    # the model's recommended budgets replace those on screen (said in a notice): typed over only after that
+    page.get_by_text("recommended settings").first.wait_for(timeout=60_000)
     page.get_by_text("SSR settings").click()
     for label, value in (("Max think", "1500"), ("Max answer", "600"), ("Number of drafts", "3"),
                          ("Draft interval", "400"), ("Max draft", "300")):

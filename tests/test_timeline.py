@@ -58,9 +58,10 @@ def test_ssr_draws_the_main_row_and_its_drafts_with_forks_and_the_end_of_thinkin
     # each token names the forward that chose it, and that forward kept a token of the token's row
     for tok in view.reasoning + view.answer:
         assert tok.fwd is not None and any(r.row == "main" and r.kept + r.forced for r in forwards[tok.fwd].rows)
-    for d, toks in view.drafts.items():  # the opening tail is written at the fork, by no forward
+    for d, toks in view.drafts.items():  # the opening tail is written at the fork, and fed by the draft's first forward
         tail = len(bundled().markers.tail_ids)
-        assert [t.fwd for t in toks[:tail]] == [None] * tail
+        first = next(f for f in forwards if any(r.row == f"draft {d}" for r in f.rows))
+        assert [t.fwd for t in toks[:tail]] == [first.index] * tail
         for tok in toks[tail:]:
             assert any(r.row == f"draft {d}" and r.kept for r in forwards[tok.fwd].rows)
     assert f'data-f="{view.answer[-1].fwd}"' in view.answer_html()
@@ -80,7 +81,7 @@ def test_rsd_draws_the_draft_the_prm_and_the_target_with_each_steps_verdict():
     view, _ = view_of("rsd", target, cfg, draft=draft, scorer=MathShepherdScorer(prm), prompt="Start with 7")
     html = timeline_html(view)
     assert _lanes_drawn(html)[:2] == ["draft", "prm"] and "PRM: step kept" in html
-    assert re.search(r"step \d+: reward 0\.\d{3}, (kept|rewritten by the target)", html)
+    assert re.search(r"step \d+: reward 0\.\d{3}, (kept|rejected)", html)
 
 
 def test_a_long_run_is_drawn_in_groups_that_cover_every_forward():
@@ -126,3 +127,28 @@ def test_history_aggregates_acceptance_per_method_and_model(tmp_path):
     assert any(n.endswith(": draft prefix") for n in names)
     empty = charts.acceptance_by_method([r for r in log.runs() if r["method"] == "baseline"])
     assert "No verifies logged yet" in empty.layout.annotations[0].text
+
+
+def test_tokens_over_a_server_name_the_request_that_wrote_them():
+    """A request's record comes when it ends, after its tokens: they are named when it comes (a
+    streamed reasoning, a draft, the answer), and a later request's tokens are not charged to it."""
+    from engine.remote.client import VllmClient
+    from engine.remote.model import RemoteModel
+    from tests.fake_vllm import FakeVllm
+
+    lm = bundled()
+    for method, speculation in (("baseline", None), ("ssr", None), ("ssr", "suffix")):
+        server = FakeVllm(lm, speculation=speculation)
+        client = VllmClient("http://vllm.test/v1", "tiny", timeout=30, transport=server.transport)
+        rm = RemoteModel(client, lm.tokenizer, lm.model_id, lm.markers, lm.eos_ids, speculation=speculation)
+        view = TraceView(method=method)
+        events = list(decoder(method, rm)(PROMPT, run_config("tiny-reasoner", {})))
+        for ev in events:
+            view.apply(ev)
+        forwards = [e for e in events if isinstance(e, ForwardEvent)]
+        reasoning = {t.fwd for t in view.reasoning}
+        assert len(reasoning) == 1 and forwards[reasoning.pop()].phase == "reasoning", method
+        answer = {t.fwd for t in view.answer if t.fwd is not None}
+        assert answer and all(forwards[f].phase == "answer" for f in answer), (method, speculation)
+        for d, toks in view.drafts.items():  # each draft's request, its opening tail included
+            assert {t.fwd for t in toks} == {f.index for f in forwards if f.rows[0].row == f"draft {d}"}

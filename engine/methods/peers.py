@@ -211,8 +211,9 @@ def decode_hf(lm: StepModel, prompt: str, cfg: RunConfig, prompt_lookup: bool = 
     for ev in budget.open_answer(rec):  # the answer phase, opened by the forced tail (if any)
         yield replace(ev, t=next(at)) if isinstance(ev, TokenEvent) else ev
     picks = iter(answer)
-    for i, (span, phase) in enumerate(answering):
-        yield rec.forward(span.start - start, [_work(span, i, lookup)], end=span.end - start, phase=phase)
+    for i, (span, phase) in enumerate(answering):  # (no reasoning call, Max think all marker: forced before it)
+        yield rec.forward(span.start - start, [_work(span, i, lookup, forced if i == 0 and not thinking else 0)],
+                          end=span.end - start, phase=phase)
         for _ in range(span.kept):
             yield replace(rec.token("answer", next(picks)), t=next(at))
     yield rec.phase("done")

@@ -74,14 +74,13 @@ def decode_remote_baseline(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iter
         if rm.speculation:  # a speculating server: its figures and colours, as SSR's answer gets them
             yield from speculated_answer(rm, rec, seq, cfg.max_answer - len(budget.forced), cfg, [], len(budget.forced))
         else:
-            t0, answer = rec.now(), []
+            t0, kept = rec.now(), 0
             for tok in _stream(rm, seq, cfg.max_answer - len(budget.forced), eos, cfg):
                 if tok in eos:
                     break
-                answer.append(tok)
-            yield rec.forward(t0, [RowWork("main", len(seq), len(answer))])
-            for tok in answer:
+                kept += 1
                 yield rec.token("answer", tok)
+            yield rec.forward(t0, [RowWork("main", len(seq), kept)])  # a request's record comes when it ends
     yield rec.phase("done")
     yield rec.done()
 
@@ -124,6 +123,7 @@ class RemoteState:
         self.answer: list[int] = []
         self.ended = False
         self.computed = 0  # the server's FLOPs are not known here
+        self.forward_end = 0.0
 
     def room(self) -> int | None:
         """No limit on a proposal (None): the server handles its model's positions."""
@@ -136,6 +136,7 @@ class RemoteState:
             picks = client.verify(self.seq, self.unfed + proposed)[len(self.unfed):]
         else:
             picks = list(_first(client.stream(self.seq + self.unfed, 1)))
+        self.forward_end = self.rec.now()
         accepted, nxt = accept_greedy(picks, proposed)
         self.seq += self.unfed + proposed[:accepted]
         return accepted, nxt
@@ -185,6 +186,8 @@ def _reason_and_fork(s: RemoteState, budget: ThinkBudget, drafts_stop: threading
             if budget.ends_run(item, eos):  # the model ended without closing its thoughts: no answer
                 s.ended = True
                 yield requests.main(n)
+                for d in live.values():  # frozen as they are: their requests end here
+                    yield requests.draft(d)
                 return
             if item is None or item in eos:  # the server stopped at the budget (or a prompted model's turn ended)
                 s.unfed = budget.force()

@@ -29,9 +29,12 @@ def speculated_answer(rm, rec: Recorder, seq: list[int], max_tokens: int, cfg, d
             kept += 1
             yield rec.token("answer", tok)
     spec = metrics.get("speculative_decoding") or {}
-    yield rec.forward(t0, [RowWork("main", len(seq), kept, 0, int(spec.get("num_draft_tokens", 0)),
-                                   int(spec.get("num_accepted_draft_tokens", 0)),
-                                   f"the server's {rm.speculation} speculation" if spec else None)])
+    # the server's totals over its engine steps: not one verify (no proposal per step is reported), so a note,
+    # never a verify's figures (the acceptance statistics would read them as one proposal's prefix)
+    note = (f"the server's {rm.speculation} speculation: {spec.get('num_accepted_draft_tokens', 0)} of "
+            f"{spec.get('num_draft_tokens', 0)} proposed tokens accepted over {spec.get('num_spec_steps', 0)} "
+            "speculative steps" if spec else None)
+    yield rec.forward(t0, [RowWork("main", len(seq), kept, note=note)])
     yield from recolour(drafts, rec, offset, chunks, metrics.get("speculative_decoding"))
 
 

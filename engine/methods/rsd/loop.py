@@ -128,7 +128,7 @@ class _Lanes:
         for span, name in sorted(new, key=lambda x: x[0].start):
             note = None
             if name == "prm" and verdict.reward is not None:
-                note = f"step {index}: reward {verdict.reward:.3f}, {'kept' if verdict.kept else 'rewritten by the target'}"
+                note = f"step {index}: reward {verdict.reward:.3f}, {'kept' if verdict.kept else 'rejected'}"
             yield self.rec.forward(span.start - t0, [RowWork(name, span.fed, span.kept, note=note)], end=span.end - t0)
 
 

@@ -110,6 +110,7 @@ class SSRState(Protocol):
     answer: list[int]  # the answer so far
     unfed: list[int]  # tokens chosen (or forced) after the committed ones, fed first by the next verify
     computed: int  # token positions the last verify computed (its FLOPs; 0 over a server)
+    forward_end: float  # when the last verify's forward (request) ended, on ``rec``'s clock
 
     def room(self) -> int | None:
         """The most tokens a proposal may hold this step (None: any)."""
@@ -136,6 +137,7 @@ class _State:
         self.answer: list[int] = []
         self.ended = False  # the model ended the sequence inside its reasoning
         self.computed = 0
+        self.forward_end = 0.0
 
     def room(self) -> int | None:
         """The most tokens a proposal may hold this step (None: any): longrope's switch point."""
@@ -146,7 +148,7 @@ class _State:
         """Feed the unfed token(s) and ``proposed`` in one forward; keep what the verifier
         accepts in the cache. (Accepted count, the verifier's next token.)"""
         logits = self.batch.forward([self.unfed + proposed])[0, len(self.unfed) - 1 :]  # [k + 1, V]
-        self.computed = self.batch.last_tokens
+        self.computed, self.forward_end = self.batch.last_tokens, self.rec.clock()
         accepted, nxt = self.main.verify(logits, proposed, probs)
         self.batch.keep([len(self.unfed) + accepted])  # a crop, or a restore and re-read of what stays
         return accepted, nxt
@@ -192,9 +194,9 @@ def _reason_and_draft(s: _State, budget: ThinkBudget, first_input: int) -> Itera
         # 3. forward: one over every row
         t0 = rec.now()
         logits = batch.forward([row.fed for row in rows])  # [rows, K, V]
+        t1 = rec.clock()  # the forward's end (the host's verification after it is the loop's bookkeeping)
         # 4. verify and take: each row verifies its proposal; the batch keeps what each row took
         steps = [row.take(logits[r]) for r, row in enumerate(rows)]  # logits[r]: [K, V]
-        t1 = rec.clock()
         batch.keep([step.kept for step in steps])
         # 5. record: the forward (what each row took), the drafts' tokens, then the main row's (its own
         #    token forced at the budget)
@@ -343,7 +345,7 @@ def answer_by_verification(s: SSRState, budget: ThinkBudget) -> Iterator[Event]:
         # 2. verify: the unfed token(s) and the proposal in one forward; the state keeps what is accepted
         fed, t0 = len(s.unfed) + len(proposed), rec.now()
         accepted, nxt = s.verify(proposed, prop.probs if prop else None)
-        t1 = rec.clock()
+        t1 = s.forward_end
         # 3. accept; a draft's end, accepted, ends the answer
         taken = proposed[:accepted]
         ended = bool(taken) and taken[-1] in stop
