@@ -58,3 +58,35 @@ def test_the_speculation_settings_reach_the_servers_config(tmp_path):
     assert config["num_speculative_tokens"] == 8 and config["suffix_decoding_max_spec_factor"] == 0.5
     assert main(["serve", "--env", str(tmp_path / "env"), "--spec-tokens", "8"]) == 2  # no --speculation: refused
     assert main(["serve", "--env", str(tmp_path / "env"), "--speculation", "suffix", "--spec-tokens", "0"]) == 2
+
+
+def test_stopping_serve_stops_its_server(tmp_path):
+    """A SIGTERM to `vllm_cpu serve` (what a script's `kill` sends) ends the server it started. Before,
+    the server outlived it and kept the port: the next server failed to bind, and a benchmark of
+    speculation settings silently measured the first server's settings every time."""
+    import signal
+    import subprocess
+    import time
+
+    python = _venv(tmp_path / "env", with_library=False)
+    pid_file = tmp_path / "server.pid"
+    script = f"""
+import sys
+from engine.tools import vllm_cpu
+fake = [sys.executable, "-c", "import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"]
+vllm_cpu.server_command = lambda *a, **k: (fake, {{}})
+vllm_cpu.wait_until_up = lambda url, proc, timeout=600.0: None
+sys.exit(vllm_cpu.main(["serve", "--env", {str(python.parent.parent)!r}]))
+"""
+    wrapper = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1])
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server = int(pid_file.read_text())
+    wrapper.send_signal(signal.SIGTERM)
+    wrapper.wait(60)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{server}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{server}").exists() or "Z" in Path(f"/proc/{server}/stat").read_text().split()[2], \
+        "the server outlived `vllm_cpu serve`"

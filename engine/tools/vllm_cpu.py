@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -152,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     if "libiomp5" not in env.get("LD_PRELOAD", ""):
         print(f"warning: no libiomp5.so under {args.env}/lib: the server runs without Intel OpenMP preloaded, and "
               "speculative decoding on a CPU is much slower so (rebuild the env with `build`)", file=sys.stderr)
+    # a SIGTERM (kill, a supervisor, a benchmark script) ends the server too: without this, the interpreter died at
+    # once, skipping the cleanup below, and the orphaned server kept the port (the next one failed to bind)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     proc = subprocess.Popen(cmd, env=env)
     try:
         wait_until_up(f"http://127.0.0.1:{args.port}", proc)
