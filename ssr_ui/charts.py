@@ -14,7 +14,7 @@ import statistics
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.benchmarks.summary import wilson
+from engine.benchmarks.summary import iqr, wilson
 from engine.forwards import merge, parse
 from engine.runlog.compare import match_key, matching_baselines, pool, run_time
 
@@ -217,8 +217,7 @@ def acceptance_by_method(rows: list[dict]) -> go.Figure:
         color = COLORS.get(runs[0]["method"], "#888")
         means = sorted(r["verify_accepted"] / r["verifies"] for r in runs)
         mid = statistics.median(means)
-        low, high = (statistics.quantiles(means, n=4)[0], statistics.quantiles(means, n=4)[2]) if len(means) > 1 \
-            else (mid, mid)
+        low, high = iqr(means)
         fig.add_trace(go.Bar(x=[name], y=[mid], marker_color=color, name=name, legendgroup=name, showlegend=False,
                              error_y=dict(type="data", symmetric=False, array=[high - mid], arrayminus=[mid - low]),
                              hovertext=f"{name}: median {mid:.2f} over {len(runs)} runs (IQR {low:.2f}-{high:.2f})",

@@ -134,14 +134,14 @@ class TraceView:
                 tok = Tok(ev.token_id, ev.text, ev.status, ev.t, ev.draft, ev.source, ev.match_len,
                           _held(toks) if ev.text else ())
                 toks.append(tok)
-                self._chosen_by(tok, self._token_key(ev))
+                self._chosen_by(tok, self._lane("main" if ev.stream != "draft" else f"draft {ev.draft}"))
         elif isinstance(ev, ForwardEvent):
             self.forwards.append(ev)
             for r in ev.rows:
                 owed = r.kept + r.forced
                 if not owed:
                     continue
-                key = "steps" if self.method in RSD_METHODS and r.row in ("draft", "target") else r.row
+                key = self._lane(r.row)
                 # tokens that came before their forward's record, oldest first: a draft's opening tail (written at
                 # its fork, fed by its first forward), or a request's tokens (its record comes when it ends)
                 waiting = self._pending.get(key, [])
@@ -160,11 +160,10 @@ class TraceView:
             self.done, self.stats, self.phase = ev, ev.stats, "done"
         self.elapsed = max(self.elapsed, getattr(ev, "t", 0.0) or 0.0)
 
-    def _token_key(self, ev: TokenEvent) -> str:
-        """The forward row that writes a token's stream (RSD: one text, written by its draft or target)."""
-        if self.method in RSD_METHODS:
-            return "steps"
-        return "main" if ev.stream != "draft" else f"draft {ev.draft}"
+    def _lane(self, row: str) -> str:
+        """Whose forwards write a row's tokens (a token's row: "main" or "draft k"): the row's own,
+        except in RSD, where one text is written by its draft or its target ("steps"; the PRM writes none)."""
+        return "steps" if self.method in RSD_METHODS and row != "prm" else row
 
     def _chosen_by(self, tok: Tok, key: str) -> None:
         """Name the forward that chose a new token: the oldest of its row's forwards still owed tokens,

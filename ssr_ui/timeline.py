@@ -96,7 +96,7 @@ def _color(f: ForwardEvent, r: RowWork) -> str:
     return PHASE_COLORS.get(f.phase, "#6b7280")
 
 
-def _bars(forwards: list[ForwardEvent], lane: str, x: str) -> list[_Bar]:
+def _bars(forwards: list[ForwardEvent], lane: str) -> list[_Bar]:
     """The lane's bars: one per forward, or one per group of neighbours past :data:`MAX_BARS`."""
     mine = [(f, r) for f in forwards for r in f.rows if r.row == lane]
     bars = [_Bar(f.index, f.index, f.start, f.end, f.wall_s, r.fed, r.kept, f.phase, _tip(f, r), _color(f, r))
@@ -129,11 +129,13 @@ def timeline_html(view, x: str = "time") -> str:
 
     names = lanes(forwards)
     widest = max((r.fed for f in forwards for r in f.rows), default=1) or 1
-    marks = _marks(view, forwards, x)
-    rows = []
+    marks = _marks(view, forwards, x, span)
+    rows, grouped = [], False
     for lane in names:
         shapes = []
-        for b in _bars(forwards, lane, x):
+        bars = _bars(forwards, lane)
+        grouped = grouped or any(b.hi != b.lo for b in bars)
+        for b in bars:
             x0 = at(b.start, b.lo)
             x1 = at(b.end, b.hi + 1)
             w = max(x1 - x0, 0.8)
@@ -153,7 +155,7 @@ def timeline_html(view, x: str = "time") -> str:
         rows.append(f'<div class="tl-label">{html.escape(lane)}</div><div class="tl-lane">'
                     f'<svg viewBox="0 0 {WIDTH} {LANE_H}" preserveAspectRatio="none" role="img" '
                     f'aria-label="{html.escape(lane)} lane">{"".join(shapes)}</svg></div>')
-    ticks = "".join(f'<span style="left:{100 * v / span:.2f}%">{_tick(v, x)}</span>' for v in _ticks(span, x))
+    ticks = "".join(f'<span style="left:{100 * v / span:.2f}%">{_tick(v, x)}</span>' for v in _ticks(span))
     unit = "seconds since the run started" if x == "time" else "forward index"
     legend = " ".join(f'<span class="tl-key" style="background:{c}"></span>{name}' for name, c in
                       (("prefill", PHASE_COLORS["prefill"]), ("reasoning", PHASE_COLORS["reasoning"]),
@@ -161,7 +163,6 @@ def timeline_html(view, x: str = "time") -> str:
     if "prm" in names:
         legend += " " + " ".join(f'<span class="tl-key" style="background:{c}"></span>PRM: step {name}'
                                  for name, c in VERDICT_COLORS.items())
-    grouped = any(len([1 for f in forwards for r in f.rows if r.row == lane]) > MAX_BARS for lane in names)
     note = (f"{len(forwards)} forwards{' (neighbours grouped past ' + str(MAX_BARS) + ' per lane)' if grouped else ''}"
             " · bar height: tokens fed, dark part: tokens kept · dashed: forks and the end of thinking · "
             "hover a bar for its numbers, click it to highlight its tokens")
@@ -178,9 +179,9 @@ def _why_empty(phase: str) -> str:
     return "no forwards to show"
 
 
-def _marks(view, forwards: list[ForwardEvent], x: str) -> list[tuple[float, str, str, str | None]]:
-    """(x, label, colour, lane or None for every lane): each draft's fork, the end of thinking."""
-    span = (max(f.end for f in forwards) if x == "time" else len(forwards)) or 1.0
+def _marks(view, forwards: list[ForwardEvent], x: str, span: float) -> list[tuple[float, str, str, str | None]]:
+    """(x, label, colour, lane or None for every lane): each draft's fork, the end of thinking
+    (``span``: what the lanes' width stands for, seconds or forwards)."""
 
     def pos(t: float) -> float:
         if x == "time":
@@ -197,7 +198,7 @@ def _marks(view, forwards: list[ForwardEvent], x: str) -> list[tuple[float, str,
     return out
 
 
-def _ticks(span: float, x: str) -> list[float]:
+def _ticks(span: float) -> list[float]:
     step = _nice(span / 5)
     return [i * step for i in range(int(span / step) + 1) if i * step <= span * 0.98]
 

@@ -186,9 +186,7 @@ def _reason_and_fork(s: RemoteState, budget: ThinkBudget, drafts_stop: threading
             if budget.ends_run(item, eos):  # the model ended without closing its thoughts: no answer
                 s.ended = True
                 yield requests.main(n)
-                for d in live.values():  # frozen as they are: their requests end here
-                    yield requests.draft(d)
-                return
+                break
             if item is None or item in eos:  # the server stopped at the budget (or a prompted model's turn ended)
                 s.unfed = budget.force()
                 yield requests.main(n, len(s.unfed) + len(budget.forced))
@@ -205,7 +203,7 @@ def _reason_and_fork(s: RemoteState, budget: ThinkBudget, drafts_stop: threading
                 break
             s.seq.append(item)
             n += 1
-        while finish_drafts and live:  # the main request has ended: its late tokens, if any, are dropped
+        while finish_drafts and live and not s.ended:  # the main request has ended: its late tokens are dropped
             source, item = arrivals.get(timeout=(rm.client.http.timeout.read or 0) + 30 or None)
             if isinstance(item, BackendError):
                 raise item
