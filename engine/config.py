@@ -59,6 +59,10 @@ class RunConfig:
     # beyond the paper: also rewrite a draft step whose least likely token had draft probability below
     # this (the draft's own doubt; free, its logits exist anyway). 0 = off: the paper's rule alone
     draft_confidence: float = 0.0
+    # --- early exit (method ssr-exit, lossy: engine.methods.exit): SSR's iterative drafts as probes of the answer
+    exit_k: int = 3  # stop reasoning once this many consecutive finished drafts agree on the answer
+    exit_min_think: int = 0  # never stop before this many reasoning tokens
+    exit_confidence: float = 0.0  # and only when the agreeing drafts' mean token probability reaches this (0: off)
     # --- numerics
     exact: bool = False  # batch- and width-invariant forwards (engine.runtime.exact): slow, bitwise reproducible
     exact_route: str = "auto"  # exact mode's route: rows (per-row reference), fixed (one padded step shape), auto (fixed on CUDA)
@@ -178,15 +182,18 @@ LABELS = {"max_think": "Max think", "max_answer": "Max answer", "temperature": "
           "min_match": "Min match", "spec_factor": "Spec factor", "suffix_recovery": "Suffix recovery",
           "context_lookup": "Context lookup", "threshold": "Threshold", "weighting": "Weighting",
           "weight_param": "Weight parameter", "max_steps": "Max steps", "max_step_tokens": "Max step tokens",
-          "draft_confidence": "Draft doubt", "exact": "Exact mode", "exact_route": "Exact route",
+          "draft_confidence": "Draft doubt", "exit_k": "Agreeing drafts", "exit_min_think": "Min reasoning",
+          "exit_confidence": "Exit confidence", "exact": "Exact mode", "exact_route": "Exact route",
           "compile": "Compiled steps"}
-COUNTS = ("max_think", "max_answer", "max_draft", "num_drafts", "max_spec", "min_match", "max_steps", "max_step_tokens")
+COUNTS = ("max_think", "max_answer", "max_draft", "num_drafts", "max_spec", "min_match", "max_steps", "max_step_tokens",
+          "exit_k")
 CHOICES = {"weighting": WEIGHTINGS, "compile": COMPILE_MODES, "exact_route": EXACT_ROUTES}
 # the plain ranges, inclusive, with what their ends mean: rule() words them, _valid() checks them
 RANGES = {**{name: (1, MAX_COUNT, "") for name in COUNTS},
           "think_spec": (0, MAX_COUNT, " (0: one token per reasoning step)"), "seed": (0, MAX_SEED, ""),
           "temperature": (0, MAX_TEMPERATURE, " (0: greedy)"),
-          "threshold": (0, THRESHOLD_MAX, " (above 1: every draft step rewritten)"), "draft_confidence": (0, 1, " (0: off)")}
+          "threshold": (0, THRESHOLD_MAX, " (above 1: every draft step rewritten)"), "draft_confidence": (0, 1, " (0: off)"),
+          "exit_min_think": (0, MAX_COUNT, ""), "exit_confidence": (0, 1, " (0: off)")}
 
 
 def _get(context, name: str):

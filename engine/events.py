@@ -30,14 +30,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-PHASES = ("prefill", "reasoning", "drafting", "answer", "done")
+PHASES = ("prefill", "reasoning", "drafting", "exit", "answer", "done")
 STREAMS = ("reasoning", "draft", "answer")
 STATUSES = ("generated", "accepted", "recovered", "rejected")
 
 
 @dataclass(frozen=True)
 class PhaseEvent:
-    phase: str  # one of PHASES; "drafting" marks a draft forking (``draft`` says which)
+    phase: str  # one of PHASES; "drafting" marks a draft forking (``draft`` says which); "exit" marks ssr-exit
+    # stopping the reasoning (``at_token``: the model's reasoning tokens then; ``draft``: the newest agreeing draft)
     t: float  # seconds since the run started (monotonic clock)
     draft: int | None = None
     at_token: int | None = None  # for "drafting": reasoning tokens the draft has seen
@@ -129,6 +130,12 @@ class RunStats:
     # per proposer, JSON: {"draft prefix": {"hist": [verifies that accepted 0, 1, ... tokens],
     #   "reached": [verifies proposing a 1st, 2nd, ... token], "taken": [of those, accepted]}, ...}
     acceptance: str = ""
+    # ssr-exit (engine.methods.exit): the rule in words; where it stopped the reasoning (the model's own reasoning
+    # tokens then, before the forced marker; None: the drafts never agreed), which drafts agreed ("2,3,4") on what
+    exit_rule: str = ""
+    exit_at: int | None = None
+    exit_drafts: str = ""
+    exit_answer: str = ""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -74,6 +74,20 @@ PROVENANCE: dict[str, dict[str, str]] = {
 }
 
 
+# ssr-exit's probes (SSR's iterative drafts: how many, how far apart) per model; the rule's own settings
+# (exit_k, exit_min_think, exit_confidence) are RunConfig's defaults, calibrated on the bundled suites
+EXIT_PROBES: dict[str, dict] = {
+    "tiny-reasoner": dict(num_drafts=12, draft_interval=16),
+}
+
+
+def exit_probes(model: str | None, max_think: int, draft_start: int) -> dict:
+    """The drafts an ``ssr-exit`` run forks to probe the answer on ``model``: its tuned ones, else
+    8 drafts spread over the reasoning budget after ``draft_start`` (a draft every eighth of it)."""
+    tuned = EXIT_PROBES.get(_bundled_name(model))
+    return dict(tuned) if tuned else dict(num_drafts=8, draft_interval=max(8, (max_think - draft_start) // 8))
+
+
 def provenance(model: str | None, field: str) -> str | None:
     """Where the recommended ``field`` of ``model`` came from, if it was tuned or calibrated."""
     return PROVENANCE.get(_bundled_name(model), {}).get(field)

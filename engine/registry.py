@@ -19,6 +19,7 @@ from functools import partial
 from engine.config import RunConfig
 from engine.events import DoneEvent, Event
 from engine.methods.baseline import decode_baseline
+from engine.methods.exit.budget import METHOD as EXIT, decode_exit
 from engine.methods.budget import budget_cut
 from engine.methods.peers import decode_hf
 from engine.methods.rsd.loop import RSD_METHODS, decode_rsd
@@ -35,14 +36,20 @@ Decoder = Callable[[str, RunConfig], Iterator[Event]]
 SINGLE_MODEL = {
     "baseline": decode_baseline,
     "ssr": decode_ssr,
+    EXIT: decode_exit,  # lossy: SSR that stops reasoning when its drafts agree
     "hf": decode_hf,
     "hf-pld": partial(decode_hf, prompt_lookup=True),
     "hf-static": partial(decode_hf, static=True),
 }
 METHODS = (*SINGLE_MODEL, *RSD_METHODS)
-WRITES_DRAFTS = ("ssr", "rsd")  # the methods with something to show in a Draft pane
+WRITES_DRAFTS = ("ssr", EXIT, "rsd")  # the methods with something to show in a Draft pane
 PLAIN = tuple(m for m in METHODS if m not in WRITES_DRAFTS)  # one model writes every token
 ON_A_SERVER = {"baseline": decode_remote_baseline, "ssr": decode_remote_ssr}  # and the RSD family (its writers)
+LOSSY = (EXIT,)  # methods whose output may differ from baseline's by design (never called exact)
+# why a method is not offered on a vLLM server (the others there: ON_A_SERVER and the RSD family)
+NOT_ON_A_SERVER = {EXIT: "over a server the drafts are requests of their own that finish when the server schedules "
+                         "them, so where the reasoning stopped would depend on the server's timing, not on the tokens; "
+                         "ssr-exit runs in process"}
 
 
 def check_method(name: str) -> str:
@@ -58,6 +65,8 @@ def rsd_writer(lm: LoadedModel | RemoteModel, cfg: RunConfig, capacity: int, rol
 
 def decoder(name: str, target: LoadedModel | RemoteModel, draft: LoadedModel | None = None, scorer=None) -> Decoder:
     check_method(name)
+    if isinstance(target, RemoteModel) and name in NOT_ON_A_SERVER:
+        raise ValueError(f"method {name!r} is not offered on a vLLM server: {NOT_ON_A_SERVER[name]}")
     if isinstance(target, RemoteModel) and name not in (*ON_A_SERVER, *RSD_METHODS):
         raise ValueError(f"method {name!r} runs in process only; on a vLLM server: {', '.join((*ON_A_SERVER, *RSD_METHODS))}")
     if isinstance(target, RemoteModel) and name == "ssr" and target.speculation:

@@ -31,7 +31,7 @@ from engine.events import Event, RowWork
 from engine.methods.budget import ThinkBudget
 from engine.methods.recorder import Recorder
 from engine.methods.sampling import accept_greedy
-from engine.methods.ssr.loop import answer_by_verification, fork_point, open_draft, take_draft_token
+from engine.methods.ssr.loop import SSRBudget, answer_by_verification, fork_point, open_draft, take_draft_token
 from engine.methods.ssr.proposers import Draft
 from engine.methods.ssr.suffix_index import SuffixIndex
 from engine.remote.client import BackendError
@@ -101,7 +101,7 @@ def decode_remote_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[
     index = SuffixIndex(cfg.min_match)
     index.extend("prompt", prompt_ids)
     state = RemoteState(rm, cfg, rec, index, prompt_ids)
-    budget = ThinkBudget(markers, cfg.max_think)
+    budget = SSRBudget(markers, cfg, state)
     yield rec.phase("prefill")
     yield from _reason_and_fork(state, budget)
     if not state.ended:

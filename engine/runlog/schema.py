@@ -9,7 +9,7 @@ import sqlite_utils
 
 from engine.events import RunStats
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 
 def _migrate_1(db: sqlite_utils.Database) -> None:
@@ -89,8 +89,15 @@ def _migrate_11(db: sqlite_utils.Database) -> None:
     _add_columns(db["runs"], _stats_columns())
 
 
+def _migrate_12(db: sqlite_utils.Database) -> None:
+    """Version 12 (early exit, method ``ssr-exit``): the rule, where it stopped the reasoning, which
+    drafts agreed and on what. Runs logged before have none."""
+    _add_columns(db["runs"], _stats_columns())
+
+
 MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6, 7: _migrate_7,
-              8: _migrate_8, 9: _migrate_9, 10: _migrate_10, 11: _migrate_11}
+              8: _migrate_8, 9: _migrate_9, 10: _migrate_10, 11: _migrate_11,
+              12: _migrate_12}
 
 
 def _stats_columns() -> dict:

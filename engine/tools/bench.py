@@ -65,7 +65,7 @@ from engine.wiring import Server, load_role, load_scorer, run_config
 CONFIG_FLAGS = {"draft_start": int, "max_think": int, "max_draft": int, "max_answer": int, "num_drafts": int,
                 "draft_interval": int, "max_spec": int, "think_spec": int, "min_match": int, "spec_factor": float, "temperature": float, "top_p": float,
                 "seed": int, "threshold": float, "weighting": str, "weight_param": float, "draft_confidence": float,
-                "max_steps": int,
+                "exit_k": int, "exit_min_think": int, "exit_confidence": float, "max_steps": int,
                 "max_step_tokens": int}
 
 
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             for m in methods:
                 decoder(m, lm)  # a method that does not run on a server says so now
         models = {"target": lm, "prm_name": args.prm}
-        if "ssr" in methods:
+        if {"ssr", "ssr-exit"} & set(methods):
             lm.require_markers()
             cfg.check_ssr()
         if {"rsd", "draft"} & set(methods):

@@ -59,8 +59,28 @@ from engine.runtime.cache import cache_mb
 from engine.runtime.probe import require
 
 
-def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
-    """Yield the events of an SSR run of ``prompt`` (the user message, templated here)."""
+class SSRBudget(ThinkBudget):
+    """The reasoning budget of an SSR run, and the declared hook for a method built on SSR's loop
+    (``engine.methods.exit``): it sees every draft token as it is taken (:meth:`drafted`), may end
+    the reasoning early (:meth:`ThinkBudget.spent`: the end of thinking is then forced, as at the
+    budget) and names the draft that leads the answer (:meth:`lead`). Plain SSR: the budget alone,
+    the newest draft leads."""
+
+    def __init__(self, markers, cfg: RunConfig, state: SSRState) -> None:
+        super().__init__(markers, cfg.max_think)
+
+    def drafted(self, draft: Draft, token: int, logits: torch.Tensor) -> None:
+        """Draft ``draft`` took ``token``, chosen from ``logits`` ``[V]``."""
+
+    def lead(self, drafts: list[Draft]) -> Draft | None:
+        """The draft whose prefix the answer phase verifies first."""
+        return drafts[-1] if drafts else None
+
+
+def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
+               budget: type[SSRBudget] = SSRBudget) -> Iterator[Event]:
+    """Yield the events of an SSR run of ``prompt`` (the user message, templated here); ``method``
+    names the run, ``budget`` is the hook a method built on this loop gives (:class:`SSRBudget`)."""
     markers = lm.require_markers()
     cfg.check_ssr()
     prompt_ids = lm.prompt_ids(prompt)
@@ -71,7 +91,7 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     caps = require(lm, "SSR")  # measured on this model once: refused here, never a crash or divergence mid-run
     lm.begin_run(cfg.exact_mode, cfg.compile)
     capacity = len(prompt_ids) + new_tokens + max(cfg.max_spec, cfg.think_spec) + 1  # room for a verify past the end
-    rec = Recorder(lm.tokenizer, "ssr", len(prompt_ids), lm.device)
+    rec = Recorder(lm.tokenizer, method, len(prompt_ids), lm.device)
     # before the clock starts: every shape (rows x width) the run can meet
     yield from rec.compiling(lm.prepare_steps(capacity, 1 + cfg.num_drafts,
                                               max(cfg.think_spec, len(markers.close_ids)) + 1))
@@ -81,7 +101,7 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     index.extend("prompt", prompt_ids)
     state = _State(lm, cfg, rec, index, Chooser(cfg.temperature, cfg.top_p, cfg.seed),
                    Chooser(cfg.temperature, cfg.top_p, cfg.seed + 1), capacity)
-    budget = ThinkBudget(markers, cfg.max_think)
+    budget = budget(markers, cfg, state)
     yield rec.phase("prefill")
     if len(prompt_ids) > 1:  # the last prompt token is the main row's first input in phase A
         t0 = rec.now()
@@ -154,7 +174,7 @@ class _State:
         return accepted, nxt
 
 
-def _reason_and_draft(s: _State, budget: ThinkBudget, first_input: int) -> Iterator[Event]:
+def _reason_and_draft(s: _State, budget: SSRBudget, first_input: int) -> Iterator[Event]:
     """Phase A: the main row reasons, drafts fork from it and ride in its batch. Ends with
     ``s.ended`` (the model ended the sequence), or with the main row alone in ``s.batch``,
     holding everything but the token(s) that closed the reasoning (and the tail ``budget`` forced
@@ -211,7 +231,7 @@ def _reason_and_draft(s: _State, budget: ThinkBudget, first_input: int) -> Itera
         takes = []
         for row, st in zip(rows[1:], steps[1:], strict=True):
             before = len(row.draft.tokens)
-            takes += _draft_takes(s, row, st)
+            takes += _draft_takes(s, row, st, budget)
             works.append(_work(row, st, len(row.draft.tokens) - before))
         yield rec.forward(t0, works, end=t1, tokens=batch.last_tokens)  # padding and any re-encode: computed
         yield from takes
@@ -266,13 +286,14 @@ def _stop_drafts_at_switch(batch: RowBatch, rows: list[Row], limits: list[int], 
     return [rows[r] for r in keep]
 
 
-def _draft_takes(s: _State, row: Row, step: RowStep) -> Iterator[Event]:
+def _draft_takes(s: _State, row: Row, step: RowStep, budget: SSRBudget) -> Iterator[Event]:
     """Draft row ``row`` takes what it took this ``step`` (verified lookup tokens, then its own),
-    until it finishes; its last token is the next it feeds."""
+    until it finishes; its last token is the next it feeds. ``budget`` sees each token."""
     if not step.tokens:  # forced tokens are still queued
         return
     d = row.draft
     for j, t in enumerate(step.tokens):
+        budget.drafted(d, t, step.logits[j])
         ev = take_draft_token(s, d, t, None if row.chooser.greedy else row.chooser.probs(step.logits[j]))
         if ev is not None:
             yield ev
@@ -315,7 +336,7 @@ def take_draft_token(s: SSRState, d: Draft, t: int, q: torch.Tensor | None) -> E
     return s.rec.token("draft", t, draft=d.index)
 
 
-def answer_by_verification(s: SSRState, budget: ThinkBudget) -> Iterator[Event]:
+def answer_by_verification(s: SSRState, budget: SSRBudget) -> Iterator[Event]:
     """Phase B, after a reasoning that closed (by itself or forced by ``budget``) with the
     token(s) that closed it still unfed (``s.unfed``): the answer, each step a proposal verified in one
     ``s.verify``. Stops at ``max_answer`` tokens or an end of sequence (the verifier's, or a
@@ -327,7 +348,7 @@ def answer_by_verification(s: SSRState, budget: ThinkBudget) -> Iterator[Event]:
     s.answer = list(budget.forced)
     s.index.extend("answer", s.answer)
     yield from budget.open_answer(rec)
-    proposers: list[Proposer] = [DraftPrefixProposer(s.drafts[-1] if s.drafts else None)]
+    proposers: list[Proposer] = [DraftPrefixProposer(budget.lead(s.drafts))]
     if cfg.suffix_recovery and s.drafts:
         proposers.append(SuffixProposer(s.index, [d.name for d in reversed(s.drafts)], stop, cfg.spec_factor))
     if cfg.context_lookup:

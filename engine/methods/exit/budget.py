@@ -1,0 +1,75 @@
+"""Early exit on SSR's loop: the budget hook (``engine.methods.ssr.loop.SSRBudget``) that ends the
+reasoning when the drafts agree (:class:`ExitBudget`), and the method (:func:`decode_exit`).
+
+SSR's loop is unchanged: it asks the budget, every reasoning step, whether the reasoning is spent;
+this budget also says yes once :class:`~engine.methods.exit.rule.ExitRule` finds ``exit_k``
+consecutive finished drafts agreeing. The end of thinking is then forced as at ``max_think``, and
+SSR's answer phase verifies the newest agreeing draft (:meth:`ExitBudget.lead`) against the model,
+so the answer is still the model's own continuation of its shortened reasoning. Lossy: the
+reasoning (and so possibly the answer) differs from plain decoding's whenever it exits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from engine.config import RunConfig
+from engine.events import Event, PhaseEvent
+from engine.methods.recorder import Recorder
+from engine.methods.seams import StepModel
+from engine.methods.ssr.loop import SSRBudget, SSRState, decode_ssr
+from engine.methods.ssr.proposers import Draft
+from engine.methods.exit.rule import Exit, ExitRule, Probe, answer_key
+
+METHOD = "ssr-exit"
+
+
+class ExitBudget(SSRBudget):
+    def __init__(self, markers, cfg: RunConfig, state: SSRState) -> None:
+        super().__init__(markers, cfg, state)
+        self.state = state
+        self.rule = ExitRule(cfg.exit_k, cfg.exit_min_think, cfg.exit_confidence)
+        self.exit: Exit | None = None
+        self._probs: dict[int, list[float]] = {}  # per draft, each token's probability under the model
+        self._probes: dict[int, Probe] = {}  # the finished drafts, judged once
+        state.rec.stats.exit_rule = self.rule.describe(cfg.draft_interval)
+
+    def drafted(self, draft: Draft, token: int, logits: torch.Tensor) -> None:
+        if self.rule.confidence > 0:
+            self._probs.setdefault(draft.index, []).append(float(torch.softmax(logits.float(), -1)[token]))
+
+    def spent(self, thought: int) -> bool:
+        if super().spent(thought):
+            return True
+        if self.exit is None:
+            self.exit = self.rule.check(self._finished(), thought)
+        return self.exit is not None
+
+    def lead(self, drafts: list[Draft]) -> Draft | None:
+        if self.exit is not None:
+            return drafts[self.exit.drafts[-1]]
+        return super().lead(drafts)
+
+    def open_answer(self, rec: Recorder) -> Iterator[Event]:
+        if self.exit is not None:
+            s = rec.stats
+            s.exit_at, s.exit_drafts = self.exit.at, ",".join(map(str, self.exit.drafts))
+            s.exit_answer = self.exit.key.partition(":")[2][:200]
+            yield PhaseEvent("exit", rec.now(), self.exit.drafts[-1], self.exit.at)
+        yield from super().open_answer(rec)
+
+    def _finished(self) -> list[Probe]:
+        tokenizer = self.state.rec.tokenizer
+        for d in self.state.drafts:
+            if d.finished and d.index not in self._probes:
+                probs = self._probs.get(d.index)
+                self._probes[d.index] = Probe(d.index, answer_key(tokenizer.decode(d.tokens, skip_special_tokens=True)),
+                                              sum(probs) / len(probs) if probs else None)
+        return list(self._probes.values())
+
+
+def decode_exit(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
+    """Yield the events of an ``ssr-exit`` run: SSR's loop with :class:`ExitBudget`."""
+    return decode_ssr(lm, prompt, cfg, method=METHOD, budget=ExitBudget)

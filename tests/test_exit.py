@@ -1,0 +1,225 @@
+"""Early exit (method ``ssr-exit``, engine.methods.exit): the rule stops the reasoning exactly when
+``exit_k`` consecutive finished drafts agree (scripted drafts), never before ``exit_min_think``; on
+real weights the run is exactly plain decoding cut at its exit point (greedy); with ``exit_k``
+above the drafts a run can fork it is SSR token for token; the log, the export and the sweep keep
+what it did; a vLLM server refuses it with the reason."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from engine.config import RunConfig
+from engine.events import DoneEvent, PhaseEvent, RunStats, TokenEvent
+from engine.methods.exit.budget import ExitBudget
+from engine.methods.exit.rule import ExitRule, Probe, answer_key
+from engine.methods.ssr.proposers import Draft
+from engine.registry import LOSSY, METHODS, WRITES_DRAFTS, decoder
+from engine.runlog import RunLog, RunMeta
+from engine.runtime.model import ThinkMarkers, load_model
+from engine.tools.synthetic import make_example
+
+CFG = RunConfig(max_think=400, max_answer=300, draft_start=20, max_draft=300, num_drafts=12, draft_interval=8,
+                exit_k=2)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return load_model("tiny-reasoner", device="cpu")
+
+
+def run(lm, method, prompt, cfg):
+    return list(decoder(method, lm)(prompt, cfg))
+
+
+def test_the_method_is_registered_once_and_called_lossy():
+    assert "ssr-exit" in METHODS and "ssr-exit" in WRITES_DRAFTS and LOSSY == ("ssr-exit",)
+
+
+# ------------------------------------------------------------------ the rule, on scripted drafts
+
+def test_answer_key_reads_the_final_answer_then_code_then_text():
+    assert answer_key("so \\boxed{1}, no: The result is \\boxed{ 2 + {3} }.") == "boxed:2+{3}"
+    assert answer_key("```python\nclass A:\n    x = 1   \n\n```\nthat is all") == answer_key("```py\nclass A:\n    x = 1\n```")
+    assert answer_key("  The  Capital is Rome. ") == answer_key("the capital is rome") == "text:the capital is rome"
+    assert answer_key("  \n ") is None and answer_key("\\boxed{7") == "text:\\boxed{7"
+
+
+def test_the_rule_takes_the_newest_k_consecutive_agreeing_drafts():
+    rule = ExitRule(k=3)
+    a, b = "boxed:1", "boxed:2"
+    assert rule.check([Probe(0, a, None), Probe(1, a, None), Probe(3, a, None)], 100) is None  # 2 unfinished: not consecutive
+    ex = rule.check([Probe(i, k, None) for i, k in enumerate([b, a, a, a, b, b, b])], 100)
+    assert ex.drafts == [4, 5, 6] and ex.key == b and ex.at == 100
+    assert ExitRule(k=2).check([Probe(0, None, None), Probe(1, None, None)], 9) is None  # empty drafts never agree
+    assert ExitRule(k=2, min_think=50).check([Probe(0, a, None), Probe(1, a, None)], 49) is None
+    assert ExitRule(k=2, min_think=50).check([Probe(0, a, None), Probe(1, a, None)], 50).drafts == [0, 1]
+    sure = ExitRule(k=2, confidence=0.8)
+    assert sure.check([Probe(0, a, 0.9), Probe(1, a, 0.6)], 9) is None  # mean 0.75
+    assert sure.check([Probe(0, a, 0.9), Probe(1, a, 0.7)], 9).confidence == pytest.approx(0.8)
+
+
+class _Tok:
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+def _budget(cfg, drafts):
+    markers = ThinkMarkers(open_ids=(), marker_ids=(99,), tail_ids=())
+    state = SimpleNamespace(drafts=drafts, rec=SimpleNamespace(tokenizer=_Tok(), stats=RunStats()))
+    return ExitBudget(markers, cfg, state), state
+
+
+@pytest.mark.parametrize("k,min_think", [(1, 0), (2, 0), (3, 0), (2, 30), (4, 0)])
+def test_a_scripted_run_exits_at_the_step_the_kth_agreeing_draft_finishes(k, min_think):
+    """Drafts fork every 4 tokens and finish 6 tokens later; answers 5, 7, 7, 7, 7 ...: the exit
+    comes at the first step after which k consecutive finished drafts agree (and not before min)."""
+    cfg = RunConfig(max_think=100, draft_start=4, draft_interval=4, num_drafts=20, exit_k=k, exit_min_think=min_think)
+    drafts: list[Draft] = []
+    budget, state = _budget(cfg, drafts)
+    answers = [[5], *[[7]] * 19]
+    exited = None
+    for thought in range(1, 100):
+        if thought >= 4 and (thought - 4) % 4 == 0:
+            drafts.append(Draft(len(drafts), thought, tokens=list(answers[len(drafts)])))
+        for d in drafts:
+            d.finished = thought >= d.forked_at + 6
+        if budget.spent(thought):
+            exited = thought
+            break
+    finish = [d.forked_at + 6 for d in drafts]  # draft i finishes at 10 + 4 i
+    expect = finish[0] if k == 1 else finish[k]  # drafts 1..k answer 7: the k-th of them (index k) finishes last
+    assert exited == max(expect, min_think)
+    newest = max(i for i, f in enumerate(finish) if f <= exited)  # the newest finished draft leads the window
+    assert budget.exit.at == exited and budget.exit.drafts == list(range(newest - k + 1, newest + 1))
+    assert budget.lead(drafts) is drafts[budget.exit.drafts[-1]]
+
+
+def test_k_above_the_drafts_never_exits_and_the_budget_still_holds():
+    cfg = RunConfig(max_think=10, draft_start=1, draft_interval=1, num_drafts=3, exit_k=4)
+    drafts = [Draft(i, i + 1, tokens=[7], finished=True) for i in range(3)]
+    budget, _ = _budget(cfg, drafts)
+    assert [budget.spent(t) for t in range(1, 10)] == [False] * 8 + [True]  # the marker is the 10th token
+    assert budget.exit is None and budget.lead(drafts) is drafts[-1]
+
+
+# ------------------------------------------------------------------ on the bundled model
+
+def _exit(events):
+    found = [e for e in events if isinstance(e, PhaseEvent) and e.phase == "exit"]
+    return found[0] if found else None
+
+
+def _tokens(events, stream):
+    return [e.token_id for e in events if isinstance(e, TokenEvent) and e.stream == stream and e.status != "rejected"
+            and not (stream == "draft")]
+
+
+@pytest.mark.parametrize("suite,seed", [("classes", 1500003), ("arithmetic", 1500003), ("arithmetic", 1500005)])
+def test_an_exit_is_plain_decoding_cut_where_the_drafts_agreed(lm, suite, seed):
+    """Greedy: the reasoning up to the exit is baseline's, and the answer is what baseline writes
+    when its reasoning is cut at the same point (the agreeing draft verified, not trusted)."""
+    prompt = make_example(suite, seed).prompt
+    events = run(lm, "ssr-exit", prompt, CFG)
+    done, ex = events[-1], _exit(events)
+    assert ex is not None, "these problems exit (their drafts agree early)"
+    s = done.stats
+    assert s.method == "ssr-exit" and s.exit_at == ex.at_token and s.exit_rule.startswith("2 consecutive drafts agree")
+    assert s.reasoning_tokens == s.exit_at + len(lm.markers.marker_ids) and s.cut == ""
+    agreeing = [int(i) for i in s.exit_drafts.split(",")]
+    assert len(agreeing) == 2 and agreeing[-1] == ex.draft and agreeing[1] == agreeing[0] + 1
+    texts = {i: lm.tokenizer.decode([e.token_id for e in events if isinstance(e, TokenEvent) and e.stream == "draft"
+                                     and e.draft == i and e.status == "generated"]) for i in agreeing}
+    assert len({answer_key(t) for t in texts.values()}) == 1
+    forks = {e.draft: e.at_token for e in events if isinstance(e, PhaseEvent) and e.phase == "drafting"}
+    assert all(forks[i] < s.exit_at for i in agreeing)
+    plain = run(lm, "baseline", prompt, CFG)[-1]
+    assert done.reasoning_ids[: s.exit_at] == plain.reasoning_ids[: s.exit_at]
+    cut = run(lm, "baseline", prompt, CFG.replace(max_think=s.reasoning_tokens))[-1]
+    assert done.reasoning_ids == cut.reasoning_ids and done.answer_ids == cut.answer_ids
+
+
+def test_no_exit_before_the_minimum(lm):
+    prompt = make_example("arithmetic", 1500003).prompt
+    early = _exit(run(lm, "ssr-exit", prompt, CFG))
+    events = run(lm, "ssr-exit", prompt, CFG.replace(exit_min_think=early.at_token + 5))
+    late = _exit(events)
+    assert late is None or late.at_token >= early.at_token + 5
+    assert events[-1].stats.reasoning_tokens >= early.at_token + 5 or events[-1].stats.cut == ""
+
+
+def _same_run(a: list, b: list) -> None:
+    strip = lambda evs: [(e.stream, e.status, e.token_id, e.position, e.draft) for e in evs if isinstance(e, TokenEvent)]
+    assert strip(a) == strip(b)
+    assert a[-1].answer_ids == b[-1].answer_ids and a[-1].reasoning_ids == b[-1].reasoning_ids
+
+
+@pytest.mark.parametrize("suite", ["classes", "arithmetic"])
+def test_k_above_the_drafts_possible_is_ssr_token_for_token(lm, suite):
+    prompt = make_example(suite, 1500004).prompt
+    cfg = CFG.replace(num_drafts=3, exit_k=4)
+    exit_run = run(lm, "ssr-exit", prompt, cfg)
+    assert _exit(exit_run) is None and exit_run[-1].stats.exit_at is None
+    _same_run(exit_run, run(lm, "ssr", prompt, cfg))
+
+
+def test_on_smollm2_an_exit_is_plain_decoding_cut_and_k_above_the_drafts_is_ssr():
+    from tests.test_real_models import smollm2
+
+    lm = smollm2()
+    cfg = RunConfig(max_think=64, max_answer=24, draft_start=4, max_draft=24, num_drafts=6, draft_interval=4, exit_k=2)
+    prompt = "What is 12 plus 30? Answer with the number."
+    events = run(lm, "ssr-exit", prompt, cfg)
+    s = events[-1].stats
+    if s.exit_at is not None:
+        cut = run(lm, "baseline", prompt, cfg.replace(max_think=s.reasoning_tokens))[-1]
+        assert events[-1].answer_ids == cut.answer_ids and events[-1].reasoning_ids == cut.reasoning_ids
+    _same_run(run(lm, "ssr-exit", prompt, cfg.replace(exit_k=7)), run(lm, "ssr", prompt, cfg.replace(exit_k=7)))
+
+
+# ------------------------------------------------------------------ the log, the export, the server, the sweep
+
+def test_the_log_and_the_export_keep_the_rule_and_the_exit(tmp_path, lm):
+    from ssr_ui.export import run_from_json, run_to_json
+
+    prompt = make_example("arithmetic", 1500003).prompt
+    log = RunLog(tmp_path / "runs.db")
+    events = list(log.record(decoder("ssr-exit", lm)(prompt, CFG), RunMeta("ssr-exit", lm.model_id, prompt, CFG.to_dict())))
+    [row] = log.runs()
+    s = events[-1].stats
+    assert (row["exit_at"], row["exit_drafts"], row["exit_rule"], row["exit_answer"]) == \
+        (s.exit_at, s.exit_drafts, s.exit_rule, s.exit_answer) and row["exit_at"] is not None
+    assert json.loads(row["config"])["exit_k"] == 2 if isinstance(row["config"], str) else row["config"]["exit_k"] == 2
+    logged = log.events(row["id"])
+    assert _exit(logged) == _exit(events)
+    again_row, again = run_from_json(run_to_json(row, logged))
+    assert _exit(again) == _exit(events) and again_row["exit_at"] == s.exit_at
+
+
+def test_a_vllm_server_refuses_it_with_the_reason(lm):
+    from engine.remote.model import connect
+    from tests.fake_vllm import FakeVllm
+
+    rm = connect("tiny-reasoner", "http://vllm.test", transport=FakeVllm(lm, name="tiny-reasoner").transport)
+    with pytest.raises(ValueError, match="server's timing"):
+        decoder("ssr-exit", rm)
+
+
+def test_the_sweep_reports_each_setting_beside_baseline_and_ssr(tmp_path, capsys):
+    from engine.tools import exit_sweep, synthetic
+
+    prompts = tmp_path / "p.jsonl"
+    synthetic.main(["--suite", "arithmetic", "--n", "3", "--seed", "1500003", "--out", str(prompts)])
+    out = tmp_path / "sweep.json"
+    assert exit_sweep.main(["--prompts", str(prompts), "--ks", "2,5", "--intervals", "8", "--num-drafts", "4",
+                            "--out", str(out), "--html", str(tmp_path / "s.html")]) == 0
+    rows = json.loads(out.read_text())["summary"]
+    assert [r["setting"] for r in rows] == ["baseline", "ssr", "k=2 every 8", "k=5 every 8"]
+    assert rows[0]["reasoning_ratio"] == 1 and rows[1]["reasoning_ratio"] == 1  # SSR is lossless: same reasoning
+    assert rows[3]["exited"] == 0 and rows[3]["reasoning_ratio"] == 1 and rows[3]["lost"] == rows[3]["gained"] == 0
+    assert rows[2]["exited"] >= 1 and rows[2]["reasoning_ratio"] < 1
+    assert all(r["problems"] == 3 for r in rows)
+    assert "k=2 every 8" in capsys.readouterr().out and (tmp_path / "s.html").stat().st_size > 1000
+    assert exit_sweep.main(["--prompts", str(prompts), "--ks", "x", "--out", str(out)]) == 2
