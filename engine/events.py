@@ -136,6 +136,7 @@ class RunStats:
     exit_at: int | None = None
     exit_drafts: str = ""
     exit_answer: str = ""
+    exit_score: float | None = None  # the agreeing drafts' mean token probability under the model (measured when the rule has a bar)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -22,7 +22,7 @@ from engine.runtime.model import ThinkMarkers, load_model
 from engine.tools.synthetic import make_example
 
 CFG = RunConfig(max_think=400, max_answer=300, draft_start=20, max_draft=300, num_drafts=12, draft_interval=8,
-                exit_k=2)
+                exit_k=2, exit_confidence=0)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,8 @@ def _budget(cfg, drafts):
 def test_a_scripted_run_exits_at_the_step_the_kth_agreeing_draft_finishes(k, min_think):
     """Drafts fork every 4 tokens and finish 6 tokens later; answers 5, 7, 7, 7, 7 ...: the exit
     comes at the first step after which k consecutive finished drafts agree (and not before min)."""
-    cfg = RunConfig(max_think=100, draft_start=4, draft_interval=4, num_drafts=20, exit_k=k, exit_min_think=min_think)
+    cfg = RunConfig(max_think=100, draft_start=4, draft_interval=4, num_drafts=20, exit_k=k, exit_min_think=min_think,
+                    exit_confidence=0)
     drafts: list[Draft] = []
     budget, state = _budget(cfg, drafts)
     answers = [[5], *[[7]] * 19]
@@ -98,7 +99,7 @@ def test_a_scripted_run_exits_at_the_step_the_kth_agreeing_draft_finishes(k, min
 
 
 def test_k_above_the_drafts_never_exits_and_the_budget_still_holds():
-    cfg = RunConfig(max_think=10, draft_start=1, draft_interval=1, num_drafts=3, exit_k=4)
+    cfg = RunConfig(max_think=10, draft_start=1, draft_interval=1, num_drafts=3, exit_k=4, exit_confidence=0)
     drafts = [Draft(i, i + 1, tokens=[7], finished=True) for i in range(3)]
     budget, _ = _budget(cfg, drafts)
     assert [budget.spent(t) for t in range(1, 10)] == [False] * 8 + [True]  # the marker is the 10th token
@@ -141,13 +142,44 @@ def test_an_exit_is_plain_decoding_cut_where_the_drafts_agreed(lm, suite, seed):
     assert done.reasoning_ids == cut.reasoning_ids and done.answer_ids == cut.answer_ids
 
 
+def test_the_confidence_bar_is_measured_on_the_drafts_and_holds(lm):
+    """With a bar, an exit's agreeing drafts have a mean token probability at or above it, as
+    recomputed here from the model's own logits for each draft token; a bar of 1 never exits."""
+    import torch
+
+    prompt = make_example("arithmetic", 1500003).prompt
+    free = run(lm, "ssr-exit", prompt, CFG)[-1].stats
+    assert free.exit_at is not None and free.exit_score is None  # no bar: nothing measured
+    events = run(lm, "ssr-exit", prompt, CFG.replace(exit_confidence=0.5))
+    s = events[-1].stats
+    assert s.exit_at is not None and s.exit_score >= 0.5
+    ids = lm.prompt_ids(prompt)
+    forks = {e.draft: e.at_token for e in events if isinstance(e, PhaseEvent) and e.phase == "drafting"}
+    means = []
+    for i in map(int, s.exit_drafts.split(",")):
+        draft = [e.token_id for e in events if isinstance(e, TokenEvent) and e.stream == "draft" and e.draft == i
+                 and e.status == "generated"]
+        opened = len(lm.markers.tail_ids)  # the template tail opens a draft: forced, not chosen
+        seq = ids + events[-1].reasoning_ids[: forks[i]] + list(lm.markers.marker_ids) + draft
+        with torch.no_grad():
+            logits = lm.model(torch.tensor([seq])).logits[0].double()
+        start = len(seq) - len(draft) + opened
+        probs = [torch.softmax(logits[j - 1], -1)[seq[j]].item() for j in range(start, len(seq))]
+        end = torch.softmax(logits[-1], -1)
+        if int(end.argmax()) in lm.eos_ids:  # the draft's end of sequence is one of its choices too
+            probs.append(end.max().item())
+        means.append(sum(probs) / len(probs))
+    assert s.exit_score == pytest.approx(sum(means) / len(means), abs=1e-3)
+    assert run(lm, "ssr-exit", prompt, CFG.replace(exit_confidence=1.0))[-1].stats.exit_at is None
+
+
 def test_no_exit_before_the_minimum(lm):
     prompt = make_example("arithmetic", 1500003).prompt
     early = _exit(run(lm, "ssr-exit", prompt, CFG))
     events = run(lm, "ssr-exit", prompt, CFG.replace(exit_min_think=early.at_token + 5))
     late = _exit(events)
     assert late is None or late.at_token >= early.at_token + 5
-    assert events[-1].stats.reasoning_tokens >= early.at_token + 5 or events[-1].stats.cut == ""
+    assert events[-1].stats.reasoning_tokens > early.at_token + 5 or late is None  # the reasoning went on past it
 
 
 def _same_run(a: list, b: list) -> None:
@@ -169,13 +201,14 @@ def test_on_smollm2_an_exit_is_plain_decoding_cut_and_k_above_the_drafts_is_ssr(
     from tests.test_real_models import smollm2
 
     lm = smollm2()
-    cfg = RunConfig(max_think=64, max_answer=24, draft_start=4, max_draft=24, num_drafts=6, draft_interval=4, exit_k=2)
-    prompt = "What is 12 plus 30? Answer with the number."
+    cfg = RunConfig(max_think=64, max_answer=24, draft_start=4, max_draft=24, num_drafts=6, draft_interval=4, exit_k=1,
+                    exit_confidence=0)
+    prompt = "What is 12 plus 30? Answer with the number."  # its prompted reasoning runs ~20 tokens; a draft ends first
     events = run(lm, "ssr-exit", prompt, cfg)
     s = events[-1].stats
-    if s.exit_at is not None:
-        cut = run(lm, "baseline", prompt, cfg.replace(max_think=s.reasoning_tokens))[-1]
-        assert events[-1].answer_ids == cut.answer_ids and events[-1].reasoning_ids == cut.reasoning_ids
+    assert s.exit_at is not None and s.reasoning_tokens == s.exit_at + len(lm.markers.marker_ids)  # "</think>" as text
+    cut = run(lm, "baseline", prompt, cfg.replace(max_think=s.reasoning_tokens))[-1]
+    assert events[-1].answer_ids == cut.answer_ids and events[-1].reasoning_ids == cut.reasoning_ids
     _same_run(run(lm, "ssr-exit", prompt, cfg.replace(exit_k=7)), run(lm, "ssr", prompt, cfg.replace(exit_k=7)))
 
 
@@ -223,3 +256,22 @@ def test_the_sweep_reports_each_setting_beside_baseline_and_ssr(tmp_path, capsys
     assert all(r["problems"] == 3 for r in rows)
     assert "k=2 every 8" in capsys.readouterr().out and (tmp_path / "s.html").stat().st_size > 1000
     assert exit_sweep.main(["--prompts", str(prompts), "--ks", "x", "--out", str(out)]) == 2
+
+
+def test_the_bench_runs_it_with_the_models_probes_and_calls_an_exit_lossy(tmp_path, capsys):
+    from engine.tools import bench, synthetic
+
+    prompts = tmp_path / "p.jsonl"
+    synthetic.main(["--suite", "arithmetic", "--n", "2", "--seed", "1500003", "--out", str(prompts)])
+    out = tmp_path / "r.json"
+    assert bench.main(["--prompts", str(prompts), "--methods", "baseline,ssr,ssr-exit", "--exit-k", "1",
+                       "--exit-confidence", "0", "--out", str(out), "--warmup", "0"]) == 0
+    result = json.loads(out.read_text())
+    assert result["config"]["num_drafts"] == 1 and result["method_configs"]["ssr-exit"]["num_drafts"] == 12
+    exits = [r for r in result["runs"] if r["method"] == "ssr-exit"]
+    assert len(exits) == 2 and all(r["exit_at"] is not None for r in exits)  # one agreeing draft is enough at k=1
+    assert all(r["agreement_kind"] == "exit" for r in exits)
+    printed = capsys.readouterr().out
+    assert "ssr-exit probes the answer with 12 drafts, one every 16" in printed and "lossy by design" in printed
+    rows = {r["method"]: r for r in result["summary"]}
+    assert set(rows) == {"baseline", "ssr", "ssr-exit"} and len(rows["ssr-exit"]["accuracy_ci95"]) == 2

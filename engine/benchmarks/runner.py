@@ -14,7 +14,7 @@ from engine.benchmarks.problems import Problem
 from engine.config import RunConfig
 from engine.events import DoneEvent, Event
 from engine.methods.rsd.loop import RSD_METHODS
-from engine.registry import SINGLE_MODEL, decoder
+from engine.registry import LOSSY, SINGLE_MODEL, decoder
 from engine.runlog import RunLog, RunMeta
 from engine.runtime.model import LoadedModel
 from engine.tools.agreement import agreement
@@ -33,6 +33,7 @@ class Bench:
     models: dict
     methods: list[str]
     cfg: RunConfig
+    configs: dict[str, RunConfig] = field(default_factory=dict)  # a method's own settings, where not ``cfg``
     grader: Grader = field(default_factory=Grader)
     log: RunLog | None = None
     dataset: str | None = None
@@ -48,9 +49,13 @@ class Bench:
     def warm_up(self, problem: Problem) -> None:
         """Each method once on ``problem``, unlogged and untimed (compiles, caches, first-call costs)."""
         for m in self.methods:
-            for ev in self._decode(m)(problem.prompt, self.cfg):
+            for ev in self._decode(m)(problem.prompt, self.config(m)):
                 if self.watch is not None:
                     self.watch(f"{problem.id} warm-up {m}", ev)
+
+    def config(self, method: str) -> RunConfig:
+        """The settings ``method`` runs with."""
+        return self.configs.get(method, self.cfg)
 
     def _decode(self, method: str):
         m = self.models
@@ -87,13 +92,13 @@ class Bench:
                 graded[answer] = self.grader.grade(problem, method, answer, baseline_answer)
             return graded[answer]
 
-        meta = RunMeta(method, lm.model_id, problem.prompt, self.cfg.to_dict(), prompt_id=problem.id, grade=grade,
+        meta = RunMeta(method, lm.model_id, problem.prompt, self.config(method).to_dict(), prompt_id=problem.id, grade=grade,
                        draft_model=models["draft"].model_id if rsd and method != "target" else None,
                        prm=models.get("prm_name") if method == "rsd" else None, reference=problem.reference,
                        origin=self.origin, device=getattr(lm, "backend", str(lm.device)), dtype=lm.dtype,
                        think_end=lm.markers.close_text if lm.markers else None,
                        dataset=self.dataset)
-        stream = self._decode(method)(problem.prompt, self.cfg)
+        stream = self._decode(method)(problem.prompt, self.config(method))
         if wrap is not None:
             stream = wrap(stream, last)
         events = self.log.record(stream, meta) if self.log else iter(stream)
@@ -130,6 +135,9 @@ def add_agreement(lm, prompt: str, batch: list[dict], max_think: int | None = No
         return
     base_ids = base["reasoning_token_ids"] + base["answer_token_ids"]
     for r in batch:
-        if r["method"] in SINGLE_MODEL and r["method"] != "baseline":
+        if r["method"] in LOSSY and r.get("exit_at") is not None:  # it stopped reasoning early by design
+            r.update(agreement=f"early exit: reasoning stopped at token {r['exit_at']} (lossy by design)",
+                     agreement_kind="exit", diverged_at=None, margin=None)
+        elif r["method"] in SINGLE_MODEL and r["method"] != "baseline":
             a = agreement(lm, prompt, base_ids, r["reasoning_token_ids"] + r["answer_token_ids"], max_think, r["method"])
             r.update(agreement=str(a), agreement_kind=a.kind, diverged_at=a.diverged_at, margin=a.margin)

@@ -50,6 +50,7 @@ from engine.benchmarks.summary import format_table, spread_warnings, summarize, 
 from engine.config import RunConfig, field_help
 from engine.events import Event, TokenEvent
 from engine.methods.rsd.loop import RSD_METHODS
+from engine.presets import exit_probes
 from engine.registry import METHODS, check_method, decoder
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel, check_backend
@@ -265,8 +266,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ModelLoadError, SSRUnsupportedError, BackendError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    configs = {}
+    if "ssr-exit" in methods and args.num_drafts is None and args.draft_interval is None:
+        configs["ssr-exit"] = cfg.replace(**exit_probes(args.model, cfg.max_think, cfg.draft_start))
+        print(f"ssr-exit probes the answer with {configs['ssr-exit'].num_drafts} drafts, one every "
+              f"{configs['ssr-exit'].draft_interval} reasoning tokens (this model's; set --num-drafts and "
+              "--draft-interval to choose; the other methods keep theirs)", flush=True)
     live = LiveProgress()
-    bench = Bench(models, methods, cfg, grader, log, dataset, watch=live)
+    bench = Bench(models, methods, cfg, configs, grader, log, dataset, watch=live)
     for _ in range(args.warmup):
         bench.warm_up(problems[0])
     live.clear()
@@ -286,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     summary = summarize(runs, cfg.greedy)
     Path(args.out).write_text(json.dumps({"model": args.model, "dataset": dataset, "config": cfg.to_dict(),
+                                          "method_configs": {m: c.to_dict() for m, c in configs.items()},
                                           "step_mode": next((r["step_mode"] for r in runs if r["step_mode"]), None),
                                           "compile_s": getattr(lm, "compile_seconds", 0.0), "runs": runs,
                                           "summary": summary}, indent=1))

@@ -56,7 +56,7 @@ class ExitBudget(SSRBudget):
         if self.exit is not None:
             s = rec.stats
             s.exit_at, s.exit_drafts = self.exit.at, ",".join(map(str, self.exit.drafts))
-            s.exit_answer = self.exit.key.partition(":")[2][:200]
+            s.exit_answer, s.exit_score = self.exit.key.partition(":")[2][:200], self.exit.confidence
             yield PhaseEvent("exit", rec.now(), self.exit.drafts[-1], self.exit.at)
         yield from super().open_answer(rec)
 
