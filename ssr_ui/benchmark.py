@@ -18,6 +18,7 @@ from engine.benchmarks.problems import BUNDLED_SETS, TASKS, Source, is_file_spec
 from engine.benchmarks.runner import Bench
 from engine.benchmarks.summary import summarize, table_cells, tokens_per_forward
 from engine.config import number
+from engine.methods.exit.budget import METHOD as EXIT
 from engine.methods.rsd.loop import check_pair
 from engine.remote.client import BackendError
 from engine.runtime.model import ModelLoadError, SSRUnsupportedError
@@ -25,7 +26,9 @@ from ssr_ui import charts
 from ssr_ui.jobs import Job, claimed
 from ssr_ui.render import error_html
 
-BENCH_METHODS = ("baseline", "ssr", "rsd", "target")  # what the tab offers ("target": RSD's target alone)
+# what the tab offers ("target": RSD's target alone; "ssr-exit": SSR early exit, lossy)
+BENCH_METHODS = ("baseline", "ssr", EXIT, "rsd", "target")
+SSR_FAMILY = ("ssr", EXIT)  # need think markers and a draft start inside the reasoning
 MAX_ROWS = 200  # problems per benchmark in the studio (the bench CLI has no bound)
 MAX_REPEAT = 5
 RUN_COLUMNS = ["problem", "repeat", "method", "correct", "latency s", "answer tokens", "tok / forward", "answer"]
@@ -45,15 +48,15 @@ class BenchFrame:
     status: str
     summary: dict | None = field(default_factory=lambda: {"headers": ["method"], "data": []})
     runs: dict | None = field(default_factory=lambda: {"headers": RUN_COLUMNS, "data": []})
-    figures: tuple | None = (None,) * 4  # accuracy, latency, answer tokens, acceptance
+    figures: tuple | None = (None,) * 5  # accuracy, latency, answer tokens, acceptance, early exit by k
 
     def as_tuple(self) -> tuple:
-        return (self.status, self.summary, self.runs, *(self.figures or (None,) * 4))
+        return (self.status, self.summary, self.runs, *(self.figures or (None,) * 5))
 
     @property
     def unchanged(self) -> tuple[bool, ...]:
         """Which of :meth:`as_tuple`'s outputs the page keeps as they are."""
-        return (False, self.summary is None, self.runs is None, *(self.figures is None,) * 4)
+        return (False, self.summary is None, self.runs is None, *(self.figures is None,) * 5)
 
 
 def progress_html(done: int, total: int, note: str) -> str:
@@ -71,9 +74,11 @@ def _run_row(r: dict) -> list:
             "-" if per is None else round(per, 2), answer[:80] + ("…" if len(answer) > 80 else "")]
 
 
-def _as_logged(runs: list[dict]) -> list[dict]:
-    """The benchmark's runs as History's charts read runs-table rows (the newest first)."""
-    return [{**r, "id": n, "status": "ok", "correct": r.get("correct")} for n, r in enumerate(runs, 1)][::-1]
+def _as_logged(runs: list[dict], config: dict | None = None) -> list[dict]:
+    """The benchmark's runs as History's charts read runs-table rows (the newest first); ``config``:
+    the settings every run used (the early-exit chart groups by them)."""
+    return [{"config": config, **r, "id": n, "status": "ok", "correct": r.get("correct")}
+            for n, r in enumerate(runs, 1)][::-1]
 
 
 class BenchmarkRuns:
@@ -115,7 +120,7 @@ class BenchmarkRuns:
         source = Source(spec, question_field.strip() or None, answer_field.strip() or None,
                         None if task == "auto" else task, None, int(limit), seed)
         cfg = self.config(model_name, **settings)  # every setting checked before anything is read or loaded
-        if "ssr" in methods:
+        if set(SSR_FAMILY) & set(methods):
             cfg.check_ssr()
         if not upload and is_hub_spec(spec):
             for status in reach_hub():
@@ -133,7 +138,7 @@ class BenchmarkRuns:
             draft_model, prm = (draft_model or self.default_draft).strip(), (prm or self.default_prm).strip()
             models.update(draft=self.model(draft_model), scorer=self.scorer(prm), prm_name=prm)
             check_pair(lm, models["draft"])
-        if "ssr" in methods:
+        if set(SSR_FAMILY) & set(methods):
             lm.require_markers()
         bench = Bench(models, methods, cfg, log=self.log, dataset=label, origin="app")
         total = bench.total(problems, int(repeat))
@@ -157,7 +162,7 @@ class BenchmarkRuns:
                 if now - drawn < REDRAW_S:  # the progress bar moves on every run; the rest at its next redraw
                     yield BenchFrame(progress_html(len(runs), total, note), None, None, None)
                     continue
-                frame, drawn = self._bench_frame(runs, total, note, cfg.greedy), now
+                frame, drawn = self._bench_frame(runs, total, note, cfg.greedy, cfg.to_dict()), now
                 if now - charted >= CHARTS_S:
                     charted = now
                 else:
@@ -167,18 +172,18 @@ class BenchmarkRuns:
             self._lock.release()
         if len(runs) < total:
             yield self._bench_frame(runs, total, f"stopped after {len(runs)} of {total} runs (the run in flight "
-                                                 "is logged as cancelled)", cfg.greedy)
+                                                 "is logged as cancelled)", cfg.greedy, cfg.to_dict())
         else:
             yield self._bench_frame(runs, total, f"done: {total} runs on {len(problems)} problems of {label}, "
-                                                 "every run logged", cfg.greedy)
+                                                 "every run logged", cfg.greedy, cfg.to_dict())
 
     @staticmethod
-    def _bench_frame(runs: list[dict], total: int, note: str, greedy: bool) -> BenchFrame:
+    def _bench_frame(runs: list[dict], total: int, note: str, greedy: bool, config: dict | None = None) -> BenchFrame:
         if not runs:
             return BenchFrame(progress_html(0, total, note))
         heads, cells = table_cells(summarize(runs, greedy))
-        rows = _as_logged(runs)
+        rows = _as_logged(runs, config)
         return BenchFrame(progress_html(len(runs), total, note), {"headers": heads, "data": cells},
                           {"headers": RUN_COLUMNS, "data": [_run_row(r) for r in runs]},
                           (charts.accuracy_by_method(rows), charts.latency_by_method(rows), charts.token_composition(rows),
-                           charts.acceptance_by_method(rows)))
+                           charts.acceptance_by_method(rows), charts.exit_by_k(rows)))

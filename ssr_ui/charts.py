@@ -19,9 +19,11 @@ from engine.forwards import merge, parse
 from engine.runlog.compare import match_key, matching_baselines, pool, run_time
 
 METHOD_COLORS = {"baseline": "#6b7280", "ssr": "#2563eb", "rsd": "#9333ea", "target": "#b45309",
-                 "draft": "#0d9488", "hf": "#db2777", "hf-pld": "#65a30d", "hf-static": "#0891b2"}
+                 "draft": "#0d9488", "hf": "#db2777", "hf-pld": "#65a30d", "hf-static": "#0891b2",
+                 "ssr-exit": "#dc2626"}  # (ssr-exit: the timeline's exit line and the panes' exit badge too)
 COLORS = {**METHOD_COLORS, **{k.capitalize(): v for k, v in METHOD_COLORS.items()}, "SSR": "#2563eb",
-          "RSD": "#9333ea", "accepted": "#16a34a", "recovered": "#d97706", "generated": "#9ca3af"}
+          "RSD": "#9333ea", "SSR early exit": METHOD_COLORS["ssr-exit"], "accepted": "#16a34a", "recovered": "#d97706",
+          "generated": "#9ca3af"}
 # the legend goes under the x axis' title (never over it, the title or a second axis), the plot's
 # margin grows to hold it (automargin), and titles are short enough for a 700 px wide chart
 LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.32, xanchor="left", x=0)
@@ -198,6 +200,83 @@ def rsd_by_threshold(rows: list[dict]) -> go.Figure:
     _padded(fig, xs, 0.1)  # one point: a readable axis around it, not a hair-thin range
     if all(a is None for a in acc):  # said in the title, above the plot: never over a point
         fig.update_layout(title_text="RSD FLOPs vs threshold (accuracy needs runs with a reference answer)")
+    return fig
+
+
+def exit_by_k(rows: list[dict]) -> go.Figure:
+    """History and Benchmark: ``ssr-exit`` runs grouped by (exit_k, draft_interval) from their
+    config: accuracy (runs with a grade) with its Wilson 95% interval, one line per interval, a
+    point per k; and mean reasoning tokens (right axis) relative to the baseline runs of the same
+    prompts and model where every group has them, else absolute. Baseline's and SSR's accuracy on
+    those prompts are dotted reference lines (baseline's reasoning is 1 on the relative axis)."""
+    ok = [r for r in rows if r.get("status", "ok") == "ok"]
+
+    def prompt_of(r: dict) -> tuple:
+        return r.get("prompt_hash") or r.get("prompt_id") or r.get("prompt"), r.get("model")
+
+    def config(r: dict) -> dict:
+        c = r.get("config")
+        return c if isinstance(c, dict) else json.loads(c) if c else {}
+
+    base: dict[tuple, list[dict]] = {}
+    for r in ok:
+        if r["method"] == "baseline" and r.get("reasoning_tokens") is not None:
+            base.setdefault(prompt_of(r), []).append(r)
+    groups: dict[tuple, list[dict]] = {}
+    for r in ok:
+        if r["method"] == "ssr-exit":
+            c = config(r)
+            groups.setdefault((c.get("exit_k"), c.get("draft_interval")), []).append(r)
+    keys = sorted((k for k in groups if None not in k))
+    relative = bool(keys) and all(prompt_of(r) in base for k in keys for r in groups[k])
+
+    def thought(r: dict) -> float:
+        return r["reasoning_tokens"] / _mean([b["reasoning_tokens"] for b in base[prompt_of(r)]]) if relative \
+            else r["reasoning_tokens"]
+
+    fig = go.Figure()
+    graded_any = False
+    for interval in sorted({i for _, i in keys}):
+        ks = [k for k, i in keys if i == interval]
+        grades = [[bool(r["correct"]) for r in groups[(k, interval)] if r.get("correct") is not None] for k in ks]
+        color = COLORS["ssr-exit"] if len({i for _, i in keys}) == 1 else None
+        if any(grades):
+            graded_any = True
+            acc = [sum(g) / len(g) if g else None for g in grades]
+            ci = [wilson(sum(g), len(g)) if g else (None, None) for g in grades]
+            fig.add_trace(go.Scatter(
+                x=ks, y=acc, mode="lines+markers", name=f"accuracy, a draft every {interval}",
+                marker=dict(color=color, size=9), line=dict(color=color),
+                text=[f"k={k}: {a:.0%} of {len(g)} graded" if a is not None else f"k={k}: none graded"
+                      for k, a, g in zip(ks, acc, grades, strict=True)], hoverinfo="text",
+                error_y=dict(type="data", symmetric=False,
+                             array=[hi - a if a is not None else 0 for a, (_, hi) in zip(acc, ci, strict=True)],
+                             arrayminus=[a - lo if a is not None else 0 for a, (lo, _) in zip(acc, ci, strict=True)])))
+        fig.add_trace(go.Scatter(
+            x=ks, y=[_mean([thought(r) for r in groups[(k, interval)] if r.get("reasoning_tokens") is not None])
+                     for k in ks],
+            mode="lines+markers", yaxis="y2", name=f"reasoning{' / baseline' if relative else ''}, every {interval}",
+            marker=dict(color=color or "#6b7280", size=8, symbol="square"), line=dict(color=color, dash="dash"),
+            text=[f"k={k}: {len(groups[(k, interval)])} runs" for k in ks], hoverinfo="text+y"))
+    seen = {prompt_of(r) for k in keys for r in groups[k]}
+    if keys and graded_any:  # baseline and SSR on the same prompts, as reference lines
+        for method, name in (("baseline", "baseline, same prompts"), ("ssr", "SSR, same prompts")):
+            grades = [bool(r["correct"]) for r in ok if r["method"] == method and prompt_of(r) in seen
+                      and r.get("correct") is not None]
+            if grades:
+                fig.add_trace(go.Scatter(x=[min(k for k, _ in keys), max(k for k, _ in keys)],
+                                         y=[sum(grades) / len(grades)] * 2, mode="lines", name=name,
+                                         line=dict(color=COLORS[method], dash="dot")))
+    _layout(fig, "Early exit: accuracy and reasoning tokens by k", 360, xaxis_title="agreeing drafts (k)",
+            yaxis=dict(title="accuracy", range=[0, 1.05], tickformat=".0%"),
+            yaxis2=dict(title="reasoning / baseline" if relative else "reasoning tokens", overlaying="y",
+                        side="right", tickformat=".0%" if relative else ".3s", rangemode="tozero"))
+    fig.update_xaxes(tickformat="d", dtick=1)
+    if not keys:
+        return _empty(fig, "No SSR early exit runs yet.")
+    _padded(fig, [k for k, _ in keys], 0.5)
+    if not graded_any:  # said in the title, above the plot: never over a point
+        fig.update_layout(title_text="Early exit: reasoning tokens by k (accuracy needs runs with a reference answer)")
     return fig
 
 

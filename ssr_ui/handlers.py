@@ -24,10 +24,12 @@ import time
 from collections.abc import Iterator
 
 from engine.config import RunConfig, number
+from engine.methods.exit.budget import METHOD as EXIT
 from engine.methods.rsd.loop import check_pair
 from engine.presets import provenance, recommended_settings
-from engine.registry import decoder
+from engine.registry import NOT_ON_A_SERVER, decoder
 from engine.remote.client import BackendError
+from engine.remote.model import RemoteModel
 from engine.runlog import RunLog, RunLogError, RunMeta, prompt_hash
 from engine.runlog.compare import finished, matched_on, matching_baselines, pool, run_time, slow_runs
 from engine.runtime.model import LoadedModel, ModelLoadError, SSRUnsupportedError
@@ -44,8 +46,11 @@ from ssr_ui.shelf import ModelShelf
 log = logging.getLogger(__name__)
 
 UPDATES_PER_S = 12  # at most; long traces update less often (see _interval)
-METHOD_NAMES = {"Baseline": "baseline", "SSR": "ssr", "RSD": "rsd"}
-MODES = ("Baseline", "SSR", "RSD", "Compare")
+EXIT_MODE = "SSR early exit"  # lossy: SSR that stops reasoning once its drafts agree (engine.methods.exit)
+METHOD_NAMES = {"Baseline": "baseline", "SSR": "ssr", EXIT_MODE: EXIT, "RSD": "rsd"}
+MODES = ("Baseline", "SSR", EXIT_MODE, "RSD", "Compare")
+COMPARE_RUNS = ("Baseline", "SSR", EXIT_MODE, "RSD")  # a Compare's runs, each against its own baseline run
+SSR_FAMILY = ("ssr", EXIT)  # the methods that fork drafts from the reasoning (need markers, a draft start)
 DEFAULT_DRAFT, DEFAULT_PRM = "tiny-reasoner-draft", "tiny-prm"
 COMPARE_SHOWS = "SSR"  # the run whose panes a finished comparison shows first
 LOAD_TIMEOUT_S = 600.0  # a model that takes longer to load is given up on (the UI says so)
@@ -100,7 +105,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
     # ------------------------------------------------------------------ the streaming handler
     def run(self, prompt: str, method: str = "SSR", model_name: str = "", draft_model: str = "",
             prm: str = "", job: Job | None = None, **settings) -> Iterator[Frame]:
-        """Stream a run (or, for "Compare", baseline, SSR and RSD in turn) as UI frames; errors
+        """Stream a run (or, for "Compare", baseline, SSR, SSR early exit and RSD in turn) as UI frames; errors
         become a message in the metrics strip, never an exception in the page. A ``job`` marked
         cancelled stops the run at its next event (logged ``cancelled``, shown "stopped"); one
         cancelled before it started runs nothing and logs nothing."""
@@ -121,15 +126,19 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         if method not in MODES:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(MODES)}")
         cfg = self.config(model_name, **settings)
-        if method in ("SSR", "Compare"):
+        runs = list(COMPARE_RUNS) if method == "Compare" else [method]
+        if any(METHOD_NAMES[name] in SSR_FAMILY for name in runs):
             cfg.check_ssr()
-        runs = ["Baseline", "SSR", "RSD"] if method == "Compare" else [method]
         model_name = (model_name or self.default_model).strip()
         yield Frame.note(f"loading {model_name}…")
         for status in self.loading(model_name):  # a first load (a GGUF file's conversion) says how it goes
             yield Frame.note(f"loading {model_name}… {status}")
         lm = self.model(model_name)
-        if "SSR" in runs:  # refused before anything runs (a comparison too), in the engine's words
+        if isinstance(lm, RemoteModel) and EXIT in NOT_ON_A_SERVER:  # early exit runs in process only
+            if method == EXIT_MODE:
+                raise ValueError(f"SSR early exit is not offered on a vLLM server: {NOT_ON_A_SERVER[EXIT]}")
+            runs = [name for name in runs if name != EXIT_MODE]  # a Compare there: the other three
+        if any(METHOD_NAMES[name] in SSR_FAMILY for name in runs):  # refused before anything runs (a comparison too), in the engine's words
             lm.require_markers()
         rsd = {}
         if "RSD" in runs:
@@ -188,7 +197,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         screen with a "not saved" notice."""
         job = job or Job(None, None)
         method = METHOD_NAMES[name]
-        if method == "ssr":
+        if method in SSR_FAMILY:
             lm.require_markers()
         rsd = rsd or {}
         meta = RunMeta(method, lm.model_id, prompt, cfg.to_dict(), device=_device(lm), dtype=getattr(lm, "dtype", None),
@@ -256,6 +265,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             out = {"baselines": 1, "pair": True, "matched_on": "this comparison's own baseline run, just before",
                    "ratio": done.stats.wall_s / pair.stats.wall_s}
             base_answer, base_flops = pair.answer_text, [pair.stats.flops] if pair.stats.flops else []
+            out["base_reasoning"] = pair.stats.reasoning_tokens
             base_ids = lambda: pair.reasoning_ids + pair.answer_ids
         else:
             logged = self.log.runs(limit=200, method="baseline", prompt_hash=run["prompt_hash"], model=run["model"])
@@ -267,6 +277,9 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 return out
             out["ratio"] = done.stats.wall_s / statistics.median(r["wall_s"] for r in rows)
             base_answer, base_flops = rows[0]["answer_text"], [r["flops"] for r in rows if r.get("flops")]
+            thought = [r["reasoning_tokens"] for r in rows if r.get("reasoning_tokens") is not None]
+            if thought:  # what the matching baselines reasoned (an early exit's tokens saved are against it)
+                out["base_reasoning"] = statistics.median(thought)
             base_ids = lambda: [e.token_id for e in self.log.events(rows[0]["id"])
                                 if e.kind == "token" and e.stream in ("reasoning", "answer")]
         out["identical"] = done.answer_text == base_answer if cfg.greedy else None

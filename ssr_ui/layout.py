@@ -3,7 +3,7 @@
 Pure builders live in ``render`` and ``charts``, handlers in ``handlers``; this module only lays
 out components and connects them (imports go one way: layout -> handlers -> render). The
 streaming run has ``api_name="run"`` with parameters ``prompt`` and ``method`` ("Baseline",
-"SSR", "RSD", "Compare") first and the rest defaulted, so it can be driven by ``gradio_client``;
+"SSR", "SSR early exit", "RSD", "Compare") first and the rest defaulted, so it can be driven by ``gradio_client``;
 its outputs are named ``reasoning``, ``draft``, ``answer``, ``metrics``. Every numeric input
 reaches the handler as sent and is validated there (``RunConfig.coerce``), so an API client
 sending "abc", NaN or 10**30 gets a message naming the field, not Gradio's generic error.
@@ -21,7 +21,7 @@ from engine.benchmarks.problems import BUNDLED_SETS, TASKS
 from engine.benchmarks.problems import PRESETS as DATASET_PRESETS
 from engine.config import LABELS, number, rule
 from engine.methods.rsd.acceptance import WEIGHTINGS
-from engine.presets import BUNDLED, PRESETS
+from engine.presets import BUNDLED, PRESETS, exit_probes
 from engine.registry import METHODS
 from engine.runlog import RunLogError
 from engine.runlog.compare import SLOW_FACTOR
@@ -35,7 +35,7 @@ from ssr_ui import charts
 from ssr_ui.benchmark import BENCH_METHODS, RUN_COLUMNS
 from ssr_ui.benchmark import MAX_ROWS as BENCH_MAX_ROWS
 from ssr_ui.frame import where_time_goes
-from ssr_ui.handlers import COMPARE_SHOWS, MODES, Studio
+from ssr_ui.handlers import COMPARE_SHOWS, EXIT_MODE, MODES, Studio
 from ssr_ui.jobs import current_event_id
 from ssr_ui.render import LEGEND, TraceView, error_html, prompt_html
 from ssr_ui.timeline import TIMELINE_JS, X_MODES
@@ -191,6 +191,18 @@ def build_app(studio: Studio) -> gr.Blocks:
                     compile_steps = gr.Radio(list(COMPILE_MODES), value=cfg.compile, label="Compiled steps",
                                              info="fixed-shape steps through torch.compile (auto: on CUDA); "
                                                   "compiled once per model and shape, before the run")
+                with gr.Row():  # SSR early exit (lossy): its probes are the drafts set above
+                    exit_k = _as_sent(gr.Number(
+                        value=cfg.exit_k, precision=0, label=LABELS["exit_k"], elem_id="exit-k",
+                        info=f"SSR early exit: stop reasoning once this many consecutive finished drafts agree on "
+                             f"the answer; {rule('exit_k')}"))
+                    exit_min_think = _as_sent(gr.Number(
+                        value=cfg.exit_min_think, precision=0, label=LABELS["exit_min_think"], elem_id="exit-min-think",
+                        info=f"SSR early exit: never stop before this many reasoning tokens; {rule('exit_min_think')}"))
+                    exit_confidence = _as_sent(gr.Number(
+                        value=cfg.exit_confidence, label=LABELS["exit_confidence"], elem_id="exit-confidence",
+                        info=f"SSR early exit: and only when the agreeing drafts' mean token probability reaches "
+                             f"this; {rule('exit_confidence')}"))
             with gr.Accordion("RSD settings", open=False):
                 with gr.Row():
                     draft_model = gr.Textbox(value=studio.default_draft, label="Draft model")
@@ -249,7 +261,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                     gr.Examples([[name] for name in BUNDLED_SETS], inputs=[b_dataset], label="Bundled suites")
                 with gr.Column(scale=2):
                     b_methods = gr.CheckboxGroup(list(BENCH_METHODS), value=["baseline", "ssr"], label="Methods",
-                                                 info="target: RSD's target alone (RSD's ratios are to it)")
+                                                 info="target: RSD's target alone (RSD's ratios are to it); "
+                                                      "ssr-exit: SSR early exit (lossy), graded like the others")
                     with gr.Row():
                         b_limit = _as_sent(gr.Number(value=10, precision=0, label="Problems",
                                                      info=f"the first N (1..{BENCH_MAX_ROWS})"))
@@ -276,6 +289,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                 with gr.Column(min_width=360):
                     b_tokens = gr.Plot(label="answer tokens", show_label=False)
             b_acceptance = gr.Plot(label="acceptance", show_label=False)
+            b_exit = gr.Plot(label="early exit by k", show_label=False)
             b_runs = gr.Dataframe(headers=RUN_COLUMNS, interactive=False, wrap=False, label="runs",
                                   elem_id="bench-runs")
 
@@ -330,6 +344,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                     c_accuracy = gr.Plot(label="accuracy by method", show_label=False)
                 with gr.Column(min_width=480):
                     c_acceptance = gr.Plot(label="acceptance by method", show_label=False)
+            c_exit = gr.Plot(label="early exit by k", show_label=False)
 
         # ------------------------------------------------------------------ wiring: runs
         # The run's settings, written once: the API's parameters (names, order, defaults) and the
@@ -339,7 +354,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                         "suffix_recovery": suffix, "context_lookup": lookup, "temperature": temperature, "seed": seed,
                         "draft_model": draft_model, "prm": prm, "threshold": threshold, "weighting": weighting,
                         "weight_param": weight_param, "think_spec": think_spec, "exact": exact,
-                        "exact_route": exact_route, "draft_confidence": draft_confidence, "compile": compile_steps}
+                        "exact_route": exact_route, "draft_confidence": draft_confidence, "compile": compile_steps,
+                        "exit_k": exit_k, "exit_min_think": exit_min_think, "exit_confidence": exit_confidence}
         models = {"draft_model": "", "prm": ""}  # not RunConfig fields: "" means the studio's default
 
         @on_gpu
@@ -440,7 +456,7 @@ def build_app(studio: Studio) -> gr.Blocks:
         bench_event = bench_btn.click(busy, None, buttons, queue=False, **PRIVATE).then(
             benchmark, [b_dataset, b_upload, b_methods, b_limit, b_repeat, b_sample, b_task, b_qfield, b_afield, model,
                         *run_settings.values()],
-            [b_status, b_summary, b_runs, b_accuracy, b_latency, b_tokens, b_acceptance], api_name="benchmark",
+            [b_status, b_summary, b_runs, b_accuracy, b_latency, b_tokens, b_acceptance, b_exit], api_name="benchmark",
             concurrency_limit=RUN_CONCURRENCY, show_progress="minimal", show_progress_on=[b_status])
         bench_stop.click(stop, None, None, queue=False, **PRIVATE)
 
@@ -470,6 +486,16 @@ def build_app(studio: Studio) -> gr.Blocks:
             if changed:
                 gr.Info(f"{name}'s recommended settings: " + ", ".join(changed))
             return (*new[:3], gr.update(value=new[3], info=_draft_start_info(c.max_think)))
+
+        def mode_probes(mode, name, think, start, drafts, interval, k):
+            probes = exit_mode_probes(mode, name or studio.default_model, think, start, drafts, interval, k)
+            if probes is None:
+                return gr.update(), gr.update()
+            gr.Info(probes["notice"])
+            return probes["num_drafts"], probes["draft_interval"]
+
+        method.change(mode_probes, [method, model, max_think, draft_start, num_drafts, draft_interval, exit_k],
+                      [num_drafts, draft_interval], **PRIVATE)
 
         budget_boxes = [max_think, max_draft, max_answer, draft_start]
         model.change(model_budgets, [model, *budget_boxes], budget_boxes, **PRIVATE)
@@ -501,10 +527,11 @@ def build_app(studio: Studio) -> gr.Blocks:
             picked = dataset_name if dataset_name in names else "all"
             return (table_rows, charts.latency_by_method(rows), charts.token_composition(rows),
                     charts.speedup_vs_draft_start(rows), charts.rsd_by_threshold(rows), charts.accuracy_by_method(rows),
-                    charts.acceptance_by_method(rows), gr.update(choices=["all", *names], value=picked),
+                    charts.acceptance_by_method(rows), charts.exit_by_k(rows),
+                    gr.update(choices=["all", *names], value=picked),
                     f'<div class="metrics status">{html.escape(note)}</div>')
 
-        history_outputs = [table, c_latency, c_tokens, c_speedup, c_rsd, c_accuracy, c_acceptance, dataset_filter,
+        history_outputs = [table, c_latency, c_tokens, c_speedup, c_rsd, c_accuracy, c_acceptance, c_exit, dataset_filter,
                            history_note]
         history_inputs = [method_filter, dataset_filter, hide_slow]
         refresh.click(load_history, history_inputs, history_outputs, api_name="history")
@@ -548,6 +575,24 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         imported.change(do_import, [imported, h_tl_x], past_outputs, **PRIVATE)
     return demo
+
+
+def exit_mode_probes(mode: str, name: str, think, start, drafts, interval, k) -> dict | None:
+    """SSR early exit picked with fewer drafts than must agree (it could never exit): the model's
+    recommended probes (``engine.presets.exit_probes``, at least k drafts) for Number of drafts and
+    Draft interval, with the notice that says so; None when nothing is to change (another mode,
+    enough drafts, or a box the run will name as bad). Nothing else the user set moves."""
+    drafts, k, think, start = _whole(drafts), _whole(k), _whole(think), _whole(start)
+    if mode != EXIT_MODE or None in (drafts, k, think, start) or drafts >= k:
+        return None
+    probes = exit_probes(name, think, start)
+    probes["num_drafts"] = max(probes["num_drafts"], k)  # (a k above the recommended count: k drafts)
+    changed = [f"{LABELS['num_drafts']} {drafts} -> {probes['num_drafts']}"]
+    if _whole(interval) != probes["draft_interval"]:
+        changed.append(f"{LABELS['draft_interval']} {_whole(interval)} -> {probes['draft_interval']}")
+    probes["notice"] = (f"SSR early exit stops when {k} drafts agree ({LABELS['exit_k']}), so it needs at least "
+                        f"{k} drafts: {name}'s recommended probes: " + ", ".join(changed))
+    return probes
 
 
 def _timeline_box(empty: TraceView, elem_id: str) -> tuple[gr.HTML, gr.Radio]:

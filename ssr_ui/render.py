@@ -23,7 +23,7 @@ from engine.events import (
 )
 from engine.methods.budget import budget_cut
 from engine.methods.rsd.roles import RSD_METHODS
-from engine.registry import PLAIN
+from engine.registry import LOSSY, PLAIN
 
 CSS = (Path(__file__).resolve().parents[1] / "assets" / "studio.css").read_text()
 STATUS_LABEL = {"generated": "generated", "accepted": "accepted", "recovered": "suffix-recovered",
@@ -104,6 +104,7 @@ class TraceView:
     forwards: list[ForwardEvent] = field(default_factory=list)  # every forward so far (the timeline's bars)
     fork_times: dict[int, float] = field(default_factory=dict)  # draft -> when it forked (seconds)
     answer_t: float | None = None  # when the answer phase began
+    exit: PhaseEvent | None = None  # ssr-exit: where its drafts agreed and the reasoning was stopped (None: no exit)
     # per row, the forwards whose kept and forced tokens have not all come yet: [index, tokens still to come]
     _owed: dict[str, deque] = field(default_factory=dict, repr=False, compare=False)
     _pending: dict[str, list[Tok]] = field(default_factory=dict, repr=False, compare=False)  # no forward's yet
@@ -120,6 +121,8 @@ class TraceView:
             else:
                 if ev.phase == "answer":
                     self.answer_t = ev.t
+                elif ev.phase == "exit":
+                    self.exit = ev
                 self.phase = ev.phase
                 if ev.phase == "compiling" and ev.total:
                     self.compiled_shapes = (ev.done, ev.total)
@@ -164,6 +167,31 @@ class TraceView:
         """Whose forwards write a row's tokens (a token's row: "main" or "draft k"): the row's own,
         except in RSD, where one text is written by its draft or its target ("steps"; the PRM writes none)."""
         return "steps" if self.method in RSD_METHODS and row != "prm" else row
+
+    def exit_drafts(self) -> list[int]:
+        """The drafts that agreed on an early exit (``RunStats.exit_drafts`` once the run's final
+        stats are in; while it streams, the newest of them, which the exit event names); [] for none."""
+        if self.stats is not None and self.stats.exit_drafts:
+            return [int(d) for d in self.stats.exit_drafts.split(",") if d.strip().isdigit()]
+        return [self.exit.draft] if self.exit is not None and self.exit.draft is not None else []
+
+    def exit_words(self) -> str:
+        """The exit in a few words, for the reasoning pane's badge and the timeline: "drafts 3, 4 agreed"."""
+        drafts = self.exit_drafts()
+        if not drafts:
+            return "the drafts agreed"
+        if self.stats is None and len(drafts) == 1:  # live: the final stats name the others
+            return f"draft {drafts[0]} agreed with the drafts before it"
+        return f"draft{'s' if len(drafts) > 1 else ''} {', '.join(map(str, drafts))} agreed"
+
+    def _exit_badge(self) -> str:
+        at = self.exit.at_token if self.exit is not None else None
+        answer = self.stats.exit_answer if self.stats is not None and self.stats.exit_answer else ""
+        tip = (f"early exit after {at} reasoning tokens: {self.exit_words()}"
+               + (f" on {_short(answer, 80)!r}" if answer else "")
+               + "; the end of thinking was forced here and the answer verifies the newest agreeing draft")
+        return (f'<span class="exit-mark" title="{html.escape(tip)}">⏹ early exit: '
+                f'{html.escape(self.exit_words())}</span>')
 
     def _chosen_by(self, tok: Tok, key: str) -> None:
         """Name the forward that chose a new token: the oldest of its row's forwards still owed tokens,
@@ -225,7 +253,10 @@ class TraceView:
         forks = sorted(((d, at, self._fork_shown_at(at)) for d, at in self.draft_forks.items()), key=lambda f: f[2])
         close, start, leading = self._close(), 0, True
         marker: list[int] = []  # the ids of the tokens that wrote the marker
+        exit_at = self.exit.at_token if self.exit is not None and self.exit.at_token is not None else None
         for i, tok in enumerate(self.reasoning):
+            if i == exit_at:  # after the exit_at-th token of the model's own reasoning: the forced marker follows
+                spans.append(self._exit_badge())
             for d, at, shown in forks:
                 if shown == i:
                     spans.append(f'<span class="fork" title="draft {d} forked after {at} reasoning tokens">▼ draft {d}</span>')
@@ -253,8 +284,12 @@ class TraceView:
                        f"thinking was forced here; {tip}")
                 badge = f'<span class="think-end cut" title="{html.escape(tip)}">cut at Max think</span>'
             else:
+                if self.exit is not None:
+                    tip = f"forced by the early exit: {self.exit_words()}; {tip}"
                 badge = f'<span class="think-end" title="{html.escape(tip)}">end of thinking</span>'
             spans.append(tok.span(visible, badge + html.escape(tok.text[close[1] - begin:])))
+        if exit_at is not None and exit_at >= len(self.reasoning):
+            spans.append(self._exit_badge())
         for d, at, shown in forks:
             if shown >= len(self.reasoning):
                 spans.append(f'<span class="fork" title="draft {d} forked after {at} reasoning tokens">▼ draft {d}</span>')
@@ -293,7 +328,9 @@ class TraceView:
             return _pane([], "No draft yet: a draft forks at the draft-start token of the reasoning.")
         which = max(self.drafts) if which is None or which not in self.drafts else which
         fork = self.draft_forks.get(which, 0)
-        head = f'<div class="pane-note">draft {which} · forked after {fork} reasoning tokens</div>'
+        agreed = (f' · <span class="exit-agreed" title="one of the drafts whose answers agreed: the early exit">'
+                  f'⏹ agreed ({html.escape(self.exit_words())})</span>' if which in self.exit_drafts() else "")
+        head = f'<div class="pane-note">draft {which} · forked after {fork} reasoning tokens{agreed}</div>'
         empty = "The draft is starting."
         if self.finished and not any(t.text.strip() for t in self.drafts[which]):  # say why there is nothing to show
             left = max(len(self.reasoning) - fork, 0)
@@ -424,11 +461,20 @@ TERMS = {
     "precision": "the dtype of each model the run used",
     "server speculation": "the server's own speculative method (declared with --server-speculation) and what its "
                           "per-request metrics reported; green answer tokens are the ones it accepted",
+    "exit rule": "SSR early exit (lossy): when the drafts' answers agree, the reasoning stops and the answer verifies "
+                 "the newest agreeing draft; each finished draft is a probe of the answer (its last \\boxed{}, else its "
+                 "first code block, else its text)",
+    "early exit": "where the reasoning was stopped: after this many of the model's own reasoning tokens (the forced "
+                  "end of thinking follows); no exit: the drafts never agreed, so the run was plain SSR",
+    "agreed": "the drafts whose answers agreed, and on what (shortened)",
+    "tokens saved": "reasoning tokens this run did not write, against the baseline it is compared with (a Compare's "
+                    "own baseline run, else the median of the matching logged ones); without one, the reasoning "
+                    "budget it left unused",
     "verify": "where SSR's verifies ran: in the model's own steps, on a speculating server, or as client-side "
               "verify requests",
 }
 THINKING = {"prompted": "prompted (&lt;/think&gt; as text)", "none": "none (a base model: all answer)"}
-LONG_CELLS = {"rule", "vs baseline", "precision", "phase", "same as baseline", "server speculation", "cut by budget"}  # cells whose value may wrap
+LONG_CELLS = {"rule", "exit rule", "agreed", "tokens saved", "vs baseline", "precision", "phase", "same as baseline", "server speculation", "cut by budget"}  # cells whose value may wrap
 
 
 def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> str:
@@ -447,8 +493,11 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         ("recovered", f"{c['recovered']} ({c['recovered'] / answered:.0%})"),
         ("generated", str(c["generated"])), ("rejected", str(c["rejected"])),
     ]
+    if view.method in LOSSY:  # its output may differ from baseline's by design: never called exact
+        items[0] = ("method", f"{html.escape(method)} (lossy)")
     if view.exact:
-        items.insert(2, ("numerics", "exact" + _route(view.stats.step_mode if view.stats else "")))
+        items.insert(2, ("numerics", ("exact forwards" if view.method in LOSSY else "exact")
+                         + _route(view.stats.step_mode if view.stats else "")))
     if view.phase == "compiling":
         shapes = f": {view.compiled_shapes[0]} of {view.compiled_shapes[1]} shapes" if view.compiled_shapes else ""
         items[1] = ("phase", f"compiling steps for this device{shapes} (once per model and shape)")
@@ -478,6 +527,8 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         items.append(("FLOPs", si(view.stats.flops) + ratio))
     if view.rule:
         items.append(("rule", html.escape(view.rule)))
+    if view.method in LOSSY or (view.stats and view.stats.exit_rule):
+        items += _exit_items(view, compare)
     if view.dtypes:
         items.append(("precision", html.escape(view.dtypes)))
     if view.stats and view.stats.ttft_s is not None:
@@ -508,6 +559,49 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
                     for k, v in items)
     note = f'<div class="metrics-notice">⚠ {html.escape(view.notice)}</div>' if view.notice else ""
     return f'<div class="strip"><div class="metrics">{cells}</div>{note}</div>'
+
+
+def _exit_items(view: TraceView, compare: dict | None) -> list[tuple[str, str]]:
+    """An early-exit run's cells: its rule, where it exited (or that it never did), which drafts
+    agreed on what, and the reasoning tokens it saved against its baseline (never a number made up:
+    without a baseline, the budget it left, and how to see the saving)."""
+    s = view.stats
+    items = [("exit rule", html.escape(s.exit_rule))] if s and s.exit_rule else []
+    at = s.exit_at if s is not None else view.exit.at_token if view.exit is not None else None
+    if at is None and view.exit is not None:
+        at = view.exit.at_token
+    if at is not None:
+        items.append(("early exit", f"exited at reasoning token {at}"))
+        answer = s.exit_answer if s is not None else ""
+        score = getattr(s, "exit_score", None) if s is not None else None
+        items.append(("agreed", html.escape(view.exit_words()
+                                            + (f" on “{_short(answer, 40)}”" if answer else "")
+                                            + (f" (mean token probability {score:.2f})" if score is not None else ""))))
+    elif s is not None and view.phase in ("done", "ok", "imported"):
+        items.append(("early exit", "no exit: drafts never agreed — ran as SSR"))
+    elif s is None and view.phase not in ("stopped", "error"):
+        items.append(("early exit", "not yet: the drafts have not agreed"))
+    if s is None or view.phase not in ("done", "ok", "imported"):
+        return items
+    mine = s.reasoning_tokens or len(view.reasoning)
+    base = compare.get("base_reasoning") if compare else None
+    if base:
+        saved = base - mine
+        items.append(("tokens saved", f"{saved:g} reasoning tokens ({mine} vs baseline's {base:g}: {mine / base:.0%})"
+                      if saved > 0 else f"none: {mine} reasoning tokens, baseline's {base:g}"))
+    elif view.budgets:
+        left = view.budgets[0] - mine
+        items.append(("tokens saved", f"budget left: {left} of Max think {view.budgets[0]} (run Compare to see "
+                                      "tokens saved against baseline)"))
+    else:
+        items.append(("tokens saved", "run Compare to see tokens saved"))
+    return items
+
+
+def _short(text: str, most: int) -> str:
+    """``text`` on one line, at most ``most`` characters (an ellipsis says it was cut)."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= most else line[: most - 1] + "…"
 
 
 def _pooled(compare: dict) -> str:

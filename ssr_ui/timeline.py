@@ -30,6 +30,7 @@ WIDTH = 1000  # the SVG's user units across (it stretches to the page's width)
 LANE_H = 30
 PHASE_COLORS = {"prefill": "#9ca3af", "reasoning": "#2563eb", "answer": "#16a34a"}
 DRAFT_COLOR = "#d97706"
+EXIT_COLOR = "#dc2626"  # ssr-exit's colour (ssr_ui.charts.METHOD_COLORS)
 VERDICT_COLORS = {"kept": "#16a34a", "rejected": "#dc2626"}
 SPLIT_COLORS = {"prefill": "#9ca3af", "reasoning": "#2563eb", "drafting": "#d97706", "answer": "#16a34a",
                 "bookkeeping": "#e5e7eb"}
@@ -164,10 +165,16 @@ def timeline_html(view, x: str = "time") -> str:
         legend += " " + " ".join(f'<span class="tl-key" style="background:{c}"></span>PRM: step {name}'
                                  for name, c in VERDICT_COLORS.items())
     note = (f"{len(forwards)} forwards{' (neighbours grouped past ' + str(MAX_BARS) + ' per lane)' if grouped else ''}"
-            " · bar height: tokens fed, dark part: tokens kept · dashed: forks and the end of thinking · "
+            " · bar height: tokens fed, dark part: tokens kept · dashed: forks"
+            + (", the early exit (red)" if view.exit is not None else "") + " and the end of thinking · "
             "hover a bar for its numbers, click it to highlight its tokens")
+    flags = ""
+    if view.exit is not None:  # the exit's line gets a label above the lanes (a line's tooltip alone is easy to miss)
+        mx = next(m for m, label, color, _ in marks if color == EXIT_COLOR)
+        flags = (f'<div></div><div class="tl-flags"><span style="left:{100 * mx / WIDTH:.2f}%" title="'
+                 f'{html.escape(view.exit_words())}">⏹ early exit · token {view.exit.at_token}</span></div>')
     return (f'<div class="timeline"><div class="tl-note">{legend} · {html.escape(note)}</div>'
-            f'<div class="tl-grid">{"".join(rows)}<div></div><div class="tl-axis">{ticks}</div>'
+            f'<div class="tl-grid">{flags}{"".join(rows)}<div></div><div class="tl-axis">{ticks}</div>'
             f'<div></div><div class="tl-unit">{unit}</div></div></div>')
 
 
@@ -193,6 +200,9 @@ def _marks(view, forwards: list[ForwardEvent], x: str, span: float) -> list[tupl
         at = view.draft_forks.get(d)
         label = f"draft {d} forked" + (f" after {at} reasoning tokens" if at is not None else "")
         out += [(pos(t), label, DRAFT_COLOR, "main"), (pos(t), label, DRAFT_COLOR, f"draft {d}")]
+    if view.exit is not None:  # ssr-exit: the drafts agreed here and the reasoning was stopped
+        out.append((pos(view.exit.t), f"early exit after {view.exit.at_token} reasoning tokens: {view.exit_words()}",
+                    EXIT_COLOR, None))
     if view.answer_t is not None and view.reasoning:
         out.append((pos(view.answer_t), "end of thinking: the answer starts", "#111827", None))
     return out

@@ -60,13 +60,17 @@ def test_run_streams_logs_and_compares(studio):
     assert baseline[-1].metrics.count("vs baseline") == 0
 
 
-def test_compare_mode_runs_all_three_and_charts(studio):
+def test_compare_mode_runs_all_four_and_charts(studio):
     frames = list(studio.run("hello", "Compare", "tiny", "tiny-draft", "tiny-prm", **SMALL))
-    assert frames[-1].chart is not None and len(frames[-1].chart.data[0].x) == 3
-    assert [r["method"] for r in studio.history()] == ["rsd", "ssr", "baseline"]
+    assert frames[-1].chart is not None and list(frames[-1].chart.data[0].x) == ["Baseline", "SSR", "SSR early exit", "RSD"]
+    assert list(frames[-1].chart.data[0].marker.color)[2] == charts.METHOD_COLORS["ssr-exit"]  # its own colour
+    assert [r["method"] for r in studio.history()] == ["rsd", "ssr-exit", "ssr", "baseline"]
     # the finished comparison shows SSR's panes and keeps every run's own final frame to switch to
     runs = frames[-1].runs
-    assert list(runs) == ["Baseline", "SSR", "RSD"]
+    assert list(runs) == ["Baseline", "SSR", "SSR early exit", "RSD"]
+    # the early exit is measured against the Compare's own baseline run, like the others
+    assert "own baseline run, just before" in runs["SSR early exit"].metrics
+    assert "(lossy)" in runs["SSR early exit"].metrics and "tokens saved" in runs["SSR early exit"].metrics
     assert frames[-1].answer == runs["SSR"].answer and "SSR" in frames[-1].metrics
     assert runs["RSD"].view.steps and not runs["Baseline"].view.drafts and runs["SSR"].view.drafts
     assert "vs baseline" in runs["SSR"].metrics and "vs baseline" not in runs["Baseline"].metrics
@@ -93,7 +97,7 @@ def test_missing_model_is_a_message(studio, tmp_path):
 def test_chart_builders(studio):
     list(studio.run("hello", "Compare", "tiny", "tiny-draft", "tiny-prm", **SMALL))
     rows = studio.history()
-    assert len(charts.latency_by_method(rows).data) == 3
+    assert len(charts.latency_by_method(rows).data) == 4
     assert [t.name for t in charts.token_composition(rows).data] == ["accepted", "recovered", "generated"]
     assert len(charts.speedup_vs_draft_start(rows).data[0].x) == 1
     rsd = charts.rsd_by_threshold(rows)
