@@ -266,3 +266,118 @@ def test_every_plain_method_says_it_writes_no_draft():
     for method in PLAIN:
         assert "Plain decoding writes no draft." in TraceView(method=method).draft_html(), method
     assert "Plain decoding" not in TraceView(method="ssr").draft_html()
+
+
+# ----------------------------------------------------------------------------- SSR early exit (ssr-exit)
+
+EXIT_PROMPT = ("Start with 34, then multiply by 9, then subtract 59, then add 38, then subtract 18, then add 19. "
+               "What is the result?")  # engine.tools.synthetic arithmetic, seed 1500003: the bundled model exits
+EXIT_SETTINGS = dict(num_drafts=12, draft_interval=8, exit_k=2, exit_confidence=0, draft_start=20)
+
+
+def _plain(markup: str) -> str:
+    import html as html_lib
+    import re
+
+    return html_lib.unescape(re.sub(r"<[^>]+>", " ", markup))
+
+
+def test_an_early_exit_is_marked_where_it_stopped_live_replayed_and_exported(tmp_path):
+    """A real ssr-exit run on the bundled model: the badge sits after the exit_at-th reasoning token,
+    the agreeing drafts are marked, the timeline labels the exit, the strip says lossy, where and why,
+    and (no baseline yet) the budget left, never a made-up saving; a replay and the HTML export show
+    the same mark; once a baseline of the prompt is logged, the replay's strip counts the tokens saved."""
+    from pathlib import Path
+
+    from ssr_ui.handlers import Studio
+
+    studio = Studio("tiny-reasoner", db=str(tmp_path / "runs.db"))
+    final = list(studio.run(EXIT_PROMPT, "SSR early exit", **EXIT_SETTINGS))[-1]
+    view, s = final.view, final.view.stats
+    assert s.exit_at is not None and view.exit is not None and view.exit.at_token == s.exit_at
+    agreed = [int(d) for d in s.exit_drafts.split(",")]
+    assert len(agreed) == 2 and view.exit_drafts() == agreed
+    before = final.reasoning.split('class="exit-mark"')[0]
+    assert before.count('class="tok ') == s.exit_at  # the badge follows the exit_at-th reasoning token
+    words = f"drafts {', '.join(map(str, agreed))} agreed"
+    assert f"⏹ early exit: {words}" in final.reasoning
+    assert "⏹ agreed" in view.draft_html(agreed[-1]) and "⏹ agreed" not in view.draft_html(max(view.drafts))  \
+        or max(view.drafts) in agreed
+    assert f"early exit · token {s.exit_at}" in final.timeline and "#dc2626" in final.timeline
+    strip = _plain(final.metrics)
+    assert "SSR early exit (lossy)" in strip and f"exited at reasoning token {s.exit_at}" in strip
+    assert s.exit_rule and "2 consecutive drafts agree" in strip and words in strip
+    assert f"budget left: {600 - s.reasoning_tokens} of Max think 600" in strip  # no baseline: nothing invented
+    assert "identical" not in strip and "lossless" not in strip and "same answer" not in strip
+    rid = studio.history()[0]["id"]
+    replay = studio.replay(rid)
+    assert replay.reasoning.count('class="exit-mark"') == 1 and f"early exit · token {s.exit_at}" in replay.timeline
+    assert "run Compare to see tokens saved" in _plain(replay.metrics)
+    page = Path(studio.export(rid, "html")).read_text(encoding="utf-8")
+    assert page.count('class="exit-mark"') == 1 and ".exit-mark" in page  # the badge and its style
+    base = list(studio.run(EXIT_PROMPT, "Baseline", **EXIT_SETTINGS))[-1].view.stats.reasoning_tokens
+    strip = _plain(studio.replay(rid).metrics)
+    saved = f"{base - s.reasoning_tokens} reasoning tokens ({s.reasoning_tokens} vs baseline's {base}" if \
+        base > s.reasoning_tokens else f"none: {s.reasoning_tokens} reasoning tokens, baseline's {base}"
+    assert saved in strip and "same answer" in strip  # the answer compared, never assumed
+
+
+def test_an_ssr_exit_run_that_never_exits_says_it_ran_as_ssr():
+    from engine.events import DoneEvent, RunStats
+
+    view = TraceView(method="ssr-exit", budgets=(100, 20))
+    view.apply(TokenEvent("reasoning", "generated", 1, "a", 0, 0.1))
+    view.apply(DoneEvent(RunStats(wall_s=0.2, reasoning_tokens=1, exit_rule="3 consecutive drafts agree"), "a", "x"))
+    strip = _plain(metrics_html(view, "SSR early exit"))
+    assert "no exit: drafts never agreed — ran as SSR" in strip and "exited" not in strip
+    assert "exit-mark" not in view.reasoning_html()
+    strip = _plain(metrics_html(view, "SSR early exit", {"baselines": 1, "pair": True, "matched_on": "pair",
+                                                         "ratio": 1.0, "identical": False, "base_reasoning": 40}))
+    assert "39 reasoning tokens (1 vs baseline's 40: 2%)" in strip and "✘ differs" in strip
+
+
+def test_picking_early_exit_with_too_few_drafts_sets_the_probes():
+    from engine.presets import exit_probes
+    from ssr_ui.layout import exit_mode_probes
+
+    probes = exit_probes("tiny-reasoner", 600, 20)
+    got = exit_mode_probes("SSR early exit", "tiny-reasoner", 600, 20, 1, 16, 3)
+    assert (got["num_drafts"], got["draft_interval"]) == (max(probes["num_drafts"], 3), probes["draft_interval"])
+    assert "Number of drafts 1 -> " in got["notice"] and "recommended probes" in got["notice"]
+    assert exit_mode_probes("SSR early exit", "tiny-reasoner", 600, 20, 12, 8, 2) is None  # enough: untouched
+    assert exit_mode_probes("SSR", "tiny-reasoner", 600, 20, 1, 16, 3) is None  # another mode: untouched
+    assert exit_mode_probes("SSR early exit", "tiny-reasoner", 600, 20, "abc", 16, 3) is None  # the run names it
+    assert exit_mode_probes("SSR early exit", "tiny-reasoner", 600, 20, 2, 16, 9)["num_drafts"] >= 9
+
+
+def test_bad_early_exit_settings_are_a_message(studio):
+    frames = list(studio.run("hi", "SSR early exit", "tiny", exit_k=0, **SMALL))
+    assert "error" in frames[-1].metrics and "Agreeing drafts (exit_k)" in frames[-1].metrics
+    frames = list(studio.run("hi", "SSR early exit", "tiny", exit_confidence=1.5, **SMALL))
+    assert "Exit confidence (exit_confidence)" in frames[-1].metrics
+    assert studio.history() == []
+
+
+def test_the_early_exit_chart_groups_by_k_and_interval():
+    import json
+
+    def row(rid, method, prompt, reasoning, correct, k=None, interval=8):
+        config = {"exit_k": k, "draft_interval": interval} if k else {}
+        return {"id": rid, "method": method, "status": "ok", "prompt_hash": prompt, "model": "m",
+                "reasoning_tokens": reasoning, "correct": correct, "config": json.dumps(config)}
+
+    rows = [row(1, "baseline", "p", 100, 1), row(2, "baseline", "q", 50, 1), row(3, "ssr", "p", 100, 1),
+            row(4, "ssr-exit", "p", 50, 1, k=2), row(5, "ssr-exit", "q", 25, 0, k=2),
+            row(6, "ssr-exit", "p", 80, 1, k=3), row(7, "ssr-exit", "p", 90, 1, k=3, interval=16)]
+    fig = charts.exit_by_k(rows)
+    names = [t.name for t in fig.data]
+    assert names == ["accuracy, a draft every 8", "reasoning / baseline, every 8", "accuracy, a draft every 16",
+                     "reasoning / baseline, every 16", "baseline, same prompts", "SSR, same prompts"]
+    acc, thought = fig.data[0], fig.data[1]
+    assert list(acc.x) == [2, 3] and list(acc.y) == [0.5, 1.0]
+    assert acc.error_y.array[0] > 0 and acc.error_y.arrayminus[0] > 0  # the Wilson interval around 1 of 2
+    assert list(thought.y) == pytest.approx([0.5, 0.8])  # each run against its own prompt's baseline
+    assert "accuracy and reasoning tokens by k" in fig.layout.title.text
+    assert "No SSR early exit runs" in charts.exit_by_k(rows[:3]).layout.annotations[0].text
+    alone = charts.exit_by_k([row(8, "ssr-exit", "z", 30, None, k=2)])  # no baseline, no grade: absolute tokens
+    assert list(alone.data[0].y) == [30] and "accuracy needs runs with a reference" in alone.layout.title.text
