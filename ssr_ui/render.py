@@ -190,7 +190,7 @@ class TraceView:
         tip = (f"early exit after {at} reasoning tokens: {self.exit_words()}"
                + (f" on {_short(answer, 80)!r}" if answer else "")
                + "; the end of thinking was forced here and the answer verifies the newest agreeing draft")
-        return (f'<span class="exit-mark" title="{html.escape(tip)}">⏹ early exit: '
+        return (f'<span class="exit-mark" title="{html.escape(tip)}">■ early exit: '
                 f'{html.escape(self.exit_words())}</span>')
 
     def _chosen_by(self, tok: Tok, key: str) -> None:
@@ -329,7 +329,7 @@ class TraceView:
         which = max(self.drafts) if which is None or which not in self.drafts else which
         fork = self.draft_forks.get(which, 0)
         agreed = (f' · <span class="exit-agreed" title="one of the drafts whose answers agreed: the early exit">'
-                  f'⏹ agreed ({html.escape(self.exit_words())})</span>' if which in self.exit_drafts() else "")
+                  f'■ agreed ({html.escape(self.exit_words())})</span>' if which in self.exit_drafts() else "")
         head = f'<div class="pane-note">draft {which} · forked after {fork} reasoning tokens{agreed}</div>'
         empty = "The draft is starting."
         if self.finished and not any(t.text.strip() for t in self.drafts[which]):  # say why there is nothing to show

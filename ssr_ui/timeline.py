@@ -171,8 +171,9 @@ def timeline_html(view, x: str = "time") -> str:
     flags = ""
     if view.exit is not None:  # the exit's line gets a label above the lanes (a line's tooltip alone is easy to miss)
         mx = next(m for m, label, color, _ in marks if color == EXIT_COLOR)
-        flags = (f'<div></div><div class="tl-flags"><span style="left:{100 * mx / WIDTH:.2f}%" title="'
-                 f'{html.escape(view.exit_words())}">⏹ early exit · token {view.exit.at_token}</span></div>')
+        side = "right" if mx > 0.6 * WIDTH else "left"  # a label near the right end ends at its line
+        flags = (f'<div></div><div class="tl-flags"><span class="{side}" style="left:{100 * mx / WIDTH:.2f}%" title="'
+                 f'{html.escape(view.exit_words())}">■ early exit · token {view.exit.at_token}</span></div>')
     return (f'<div class="timeline"><div class="tl-note">{legend} · {html.escape(note)}</div>'
             f'<div class="tl-grid">{flags}{"".join(rows)}<div></div><div class="tl-axis">{ticks}</div>'
             f'<div></div><div class="tl-unit">{unit}</div></div></div>')

@@ -300,8 +300,8 @@ def test_an_early_exit_is_marked_where_it_stopped_live_replayed_and_exported(tmp
     before = final.reasoning.split('class="exit-mark"')[0]
     assert before.count('class="tok ') == s.exit_at  # the badge follows the exit_at-th reasoning token
     words = f"drafts {', '.join(map(str, agreed))} agreed"
-    assert f"⏹ early exit: {words}" in final.reasoning
-    assert "⏹ agreed" in view.draft_html(agreed[-1]) and "⏹ agreed" not in view.draft_html(max(view.drafts))  \
+    assert f"■ early exit: {words}" in final.reasoning
+    assert "■ agreed" in view.draft_html(agreed[-1]) and "■ agreed" not in view.draft_html(max(view.drafts))  \
         or max(view.drafts) in agreed
     assert f"early exit · token {s.exit_at}" in final.timeline and "#dc2626" in final.timeline
     strip = _plain(final.metrics)
