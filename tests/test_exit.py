@@ -45,6 +45,7 @@ def test_answer_key_reads_the_final_answer_then_code_then_text():
     assert answer_key("```python\nclass A:\n    x = 1   \n\n```\nthat is all") == answer_key("```py\nclass A:\n    x = 1\n```")
     assert answer_key("  The  Capital is Rome. ") == answer_key("the capital is rome") == "text:the capital is rome"
     assert answer_key("  \n ") is None and answer_key("\\boxed{7") == "text:\\boxed{7"
+    assert answer_key("```") is None and answer_key("```python\n```") is None and answer_key("\\boxed{ }") is None
 
 
 def test_the_rule_takes_the_newest_k_consecutive_agreeing_drafts():

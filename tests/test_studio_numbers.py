@@ -42,7 +42,14 @@ def test_a_compare_reports_the_ratio_of_the_pair_it_made(studio):
     base, ssr = final.runs["Baseline"].view.stats.wall_s, final.runs["SSR"].view.stats.wall_s
     strip = _text(final.runs["SSR"].metrics)
     assert f"{ssr / base:.2f}x latency: this comparison's own baseline run, just before" in strip
-    assert list(final.chart.data[0].y) == pytest.approx([base, ssr, final.runs["RSD"].view.stats.wall_s])
+    assert list(final.chart.data[0].y) == pytest.approx([base, ssr, final.runs["SSR early exit"].view.stats.wall_s,
+                                                         final.runs["RSD"].view.stats.wall_s])
+    exit_strip = _text(final.runs["SSR early exit"].metrics)
+    assert f"{final.runs['SSR early exit'].view.stats.wall_s / base:.2f}x latency: this comparison's own" in exit_strip
+    [logged] = studio.history("ssr-exit")  # with too few drafts to ever agree, a Compare gives it the model's probes
+    config = logged["config"] if isinstance(logged["config"], dict) else json.loads(logged["config"])
+    assert SMALL.get("num_drafts", 1) < config["exit_k"] <= config["num_drafts"]
+    assert f"a draft every {config['draft_interval']} tokens" in logged["exit_rule"]
     rsd = _text(final.runs["RSD"].metrics)
     assert f"{final.runs['RSD'].view.stats.wall_s / base:.2f}x latency: this comparison's own" in rsd
 

@@ -22,16 +22,19 @@ from dataclasses import dataclass
 
 
 def answer_key(text: str) -> str | None:
-    """What two drafts must share to agree (None: an empty draft, which agrees with nothing)."""
+    """What two drafts must share to agree (None: a draft with no answer in it, not one letter or
+    digit: empty, or only a code fence or punctuation; it agrees with nothing)."""
     boxed = _last_boxed(text)
     if boxed is not None:
-        return "boxed:" + re.sub(r"\s+", "", boxed)
+        return _key("boxed", re.sub(r"\s+", "", boxed))
     code = re.search(r"```[^\n]*\n(.*?)(?:```|$)", text, flags=re.DOTALL)
     if code is not None and code.group(1).strip():
-        lines = [line.rstrip() for line in code.group(1).splitlines() if line.strip()]
-        return "code:" + "\n".join(lines)
-    words = " ".join(text.lower().split()).rstrip(" .!")
-    return "text:" + words if words else None
+        return _key("code", "\n".join(line.rstrip() for line in code.group(1).splitlines() if line.strip()))
+    return _key("text", " ".join(text.lower().split()).rstrip(" .!"))
+
+
+def _key(kind: str, body: str) -> str | None:
+    return f"{kind}:{body}" if re.search(r"\w", body) else None
 
 
 def _last_boxed(text: str) -> str | None:
