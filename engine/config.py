@@ -62,7 +62,7 @@ class RunConfig:
     # --- early exit (method ssr-exit, lossy: engine.methods.exit): SSR's iterative drafts as probes of the answer
     exit_k: int = 3  # stop reasoning once this many consecutive finished drafts agree on the answer
     exit_min_think: int = 0  # never stop before this many reasoning tokens
-    exit_confidence: float = 0.9  # and only when the agreeing drafts' mean token probability reaches this (0: off)
+    exit_confidence: float = 0.0  # and only when the agreeing drafts' mean token probability reaches this (0: off)
     # --- numerics
     exact: bool = False  # batch- and width-invariant forwards (engine.runtime.exact): slow, bitwise reproducible
     exact_route: str = "auto"  # exact mode's route: rows (per-row reference), fixed (one padded step shape), auto (fixed on CUDA)
