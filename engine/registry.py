@@ -19,8 +19,9 @@ from functools import partial
 from engine.config import RunConfig
 from engine.events import DoneEvent, Event
 from engine.methods.baseline import decode_baseline
-from engine.methods.exit.budget import METHOD as EXIT, decode_exit
 from engine.methods.budget import budget_cut
+from engine.methods.exit.budget import METHOD as EXIT
+from engine.methods.exit.budget import decode_exit
 from engine.methods.peers import decode_hf
 from engine.methods.rsd.loop import RSD_METHODS, decode_rsd
 from engine.methods.rsd.writer import LocalWriter, StepWriter

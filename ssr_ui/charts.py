@@ -227,7 +227,7 @@ def exit_by_k(rows: list[dict]) -> go.Figure:
         if r["method"] == "ssr-exit":
             c = config(r)
             groups.setdefault((c.get("exit_k"), c.get("draft_interval")), []).append(r)
-    keys = sorted((k for k in groups if None not in k))
+    keys = sorted(k for k in groups if None not in k)
     relative = bool(keys) and all(prompt_of(r) in base for k in keys for r in groups[k])
 
     def thought(r: dict) -> float:

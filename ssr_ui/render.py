@@ -591,8 +591,8 @@ def _exit_items(view: TraceView, compare: dict | None) -> list[tuple[str, str]]:
                       if saved > 0 else f"none: {mine} reasoning tokens, baseline's {base:g}"))
     elif view.budgets:
         left = view.budgets[0] - mine
-        items.append(("tokens saved", f"budget left: {left} of Max think {view.budgets[0]} (run Compare to see "
-                                      "tokens saved against baseline)"))
+        items.append(("tokens saved", (f"budget left: {left} of Max think {view.budgets[0]} (run Compare to see "
+                                       "tokens saved against baseline)")))
     else:
         items.append(("tokens saved", "run Compare to see tokens saved"))
     return items

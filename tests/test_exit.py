@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from engine.config import RunConfig
-from engine.events import DoneEvent, PhaseEvent, RunStats, TokenEvent
+from engine.events import PhaseEvent, RunStats, TokenEvent
 from engine.methods.exit.budget import ExitBudget
 from engine.methods.exit.rule import ExitRule, Probe, answer_key
 from engine.methods.ssr.proposers import Draft
@@ -80,7 +80,7 @@ def test_a_scripted_run_exits_at_the_step_the_kth_agreeing_draft_finishes(k, min
     cfg = RunConfig(max_think=100, draft_start=4, draft_interval=4, num_drafts=20, exit_k=k, exit_min_think=min_think,
                     exit_confidence=0)
     drafts: list[Draft] = []
-    budget, state = _budget(cfg, drafts)
+    budget, _ = _budget(cfg, drafts)
     answers = [[5], *[[7]] * 19]
     exited = None
     for thought in range(1, 100):
@@ -112,11 +112,6 @@ def test_k_above_the_drafts_never_exits_and_the_budget_still_holds():
 def _exit(events):
     found = [e for e in events if isinstance(e, PhaseEvent) and e.phase == "exit"]
     return found[0] if found else None
-
-
-def _tokens(events, stream):
-    return [e.token_id for e in events if isinstance(e, TokenEvent) and e.stream == stream and e.status != "rejected"
-            and not (stream == "draft")]
 
 
 @pytest.mark.parametrize("suite,seed", [("classes", 1500003), ("arithmetic", 1500003), ("arithmetic", 1500005)])

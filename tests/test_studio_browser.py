@@ -672,3 +672,60 @@ def test_31_a_run_of_thousands_of_tokens_keeps_the_page_responsive(page, ramblin
     assert worst < 2000, f"the page froze for {worst:.0f} ms"
     page.set_viewport_size({"width": 760, "height": 1200})
     _shoot_timeline(page, "timeline-long-760")
+
+
+EXIT_PROMPT = make_example("arithmetic", 1_500_003).prompt  # its drafts agree early with 2 drafts 8 tokens apart
+
+
+def _type(page, label: str, value: str) -> None:
+    box = page.get_by_role("spinbutton", name=label, exact=True)
+    box.fill("")
+    box.press_sequentially(value, delay=120)  # typed as a user types
+    box.press("Enter")
+
+
+@needs_browser
+@pytest.mark.parametrize("width", [1400, 760])
+def test_32_early_exit_marks_where_the_drafts_agreed_and_says_it_is_lossy(app, browser, width):
+    """Picking SSR early exit with one draft gives it the model's probes and says so; a run that
+    exits shows the exit in the Reasoning pane, the Draft pane and the timeline, and a strip that
+    calls it lossy with its rule; a Compare gives the reasoning tokens it saved against its baseline;
+    History charts it by k."""
+    page = browser.new_page(viewport={"width": width, "height": 1200})
+    page.goto(app[0])
+    page.wait_for_selector("#method", timeout=30_000)
+    try:
+        page.get_by_text("SSR settings").click()
+        page.locator("#method").get_by_label("SSR early exit", exact=True).check()
+        page.get_by_text("so it needs at least 3 drafts").wait_for(timeout=10_000)
+        drafts = page.get_by_role("spinbutton", name="Number of drafts", exact=True)
+        assert drafts.input_value() == "12"
+        assert page.get_by_role("spinbutton", name="Draft interval", exact=True).input_value() == "16"
+        _type(page, "Agreeing drafts", "2")
+        _type(page, "Draft interval", "8")
+        page.wait_for_timeout(500)
+        strip = _run_to_end(page, EXIT_PROMPT, "SSR early exit")
+        assert "SSR early exit (lossy)" in strip and "exited at reasoning token" in strip, strip
+        assert "2 consecutive drafts agree (a draft every 8 tokens)" in strip and "budget left" in strip
+        assert "identical" not in strip
+        mark = page.locator(".exit-mark").first
+        assert "early exit: drafts" in mark.inner_text()
+        assert page.locator(".exit-agreed").count() == 1  # the Draft pane shows the newest agreeing draft
+        assert "early exit" in page.locator("#timeline").inner_text()
+        DOCS_IMG.mkdir(exist_ok=True)
+        page.locator(".strip").first.scroll_into_view_if_needed()
+        page.screenshot(path=str(DOCS_IMG / f"exit-run-{width}.png"), full_page=True)
+        _run_to_end(page, EXIT_PROMPT, "Compare")
+        page.locator(".run-pick").get_by_label("SSR early exit", exact=True).check()
+        page.wait_for_function("document.querySelector('.strip').innerText.includes('tokens saved')", timeout=10_000)
+        strip = page.locator(".strip").first.inner_text()
+        assert "vs baseline's" in strip or "none:" in strip, strip
+        assert "same as baseline" in strip
+        if width == 1400:
+            page.locator(".strip").first.scroll_into_view_if_needed()
+            page.screenshot(path=str(DOCS_IMG / "exit-compare-1400.png"), full_page=True)
+        page.get_by_role("tab", name="History").click()
+        page.locator(".gtitle", has_text="Early exit").first.wait_for(timeout=30_000)
+        _no_error_pill(page)
+    finally:
+        page.close()

@@ -116,8 +116,8 @@ def _fmt(v, f: str) -> str:
 
 
 def format_rows(rows: list[dict]) -> str:
-    out = ["setting                 accuracy  95% interval  change (lost/gained)  paired 95%     reasoning/base"
-           "  latency/base (IQR)     latency/ssr (IQR)      exited"]
+    out = [("setting                 accuracy  95% interval  change (lost/gained)  paired 95%     reasoning/base"
+            "  latency/base (IQR)     latency/ssr (IQR)      exited")]
     for r in rows:
         ai, ci = r["accuracy_interval"], r["accuracy_change_interval"]
         out.append(

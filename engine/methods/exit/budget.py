@@ -17,11 +17,11 @@ import torch
 
 from engine.config import RunConfig
 from engine.events import Event, PhaseEvent
+from engine.methods.exit.rule import Exit, ExitRule, Probe, answer_key
 from engine.methods.recorder import Recorder
 from engine.methods.seams import StepModel
 from engine.methods.ssr.loop import SSRBudget, SSRState, decode_ssr
 from engine.methods.ssr.proposers import Draft
-from engine.methods.exit.rule import Exit, ExitRule, Probe, answer_key
 
 METHOD = "ssr-exit"
 
