@@ -114,7 +114,7 @@ def _exit(events):
     return found[0] if found else None
 
 
-@pytest.mark.parametrize("suite,seed", [("classes", 1500003), ("arithmetic", 1500003), ("arithmetic", 1500005)])
+@pytest.mark.parametrize("suite,seed", [("classes", 1500004), ("classes", 1500006), ("arithmetic", 1500006)])
 def test_an_exit_is_plain_decoding_cut_where_the_drafts_agreed(lm, suite, seed):
     """Greedy: the reasoning up to the exit is baseline's, and the answer is what baseline writes
     when its reasoning is cut at the same point (the agreeing draft verified, not trusted)."""
@@ -143,7 +143,7 @@ def test_the_confidence_bar_is_measured_on_the_drafts_and_holds(lm):
     recomputed here from the model's own logits for each draft token; a bar of 1 never exits."""
     import torch
 
-    prompt = make_example("arithmetic", 1500003).prompt
+    prompt = make_example("arithmetic", 1500006).prompt
     free = run(lm, "ssr-exit", prompt, CFG)[-1].stats
     assert free.exit_at is not None and free.exit_score is None  # no bar: nothing measured
     events = run(lm, "ssr-exit", prompt, CFG.replace(exit_confidence=0.5))
@@ -170,7 +170,7 @@ def test_the_confidence_bar_is_measured_on_the_drafts_and_holds(lm):
 
 
 def test_no_exit_before_the_minimum(lm):
-    prompt = make_example("arithmetic", 1500003).prompt
+    prompt = make_example("arithmetic", 1500006).prompt
     early = _exit(run(lm, "ssr-exit", prompt, CFG))
     events = run(lm, "ssr-exit", prompt, CFG.replace(exit_min_think=early.at_token + 5))
     late = _exit(events)
@@ -213,7 +213,7 @@ def test_on_smollm2_an_exit_is_plain_decoding_cut_and_k_above_the_drafts_is_ssr(
 def test_the_log_and_the_export_keep_the_rule_and_the_exit(tmp_path, lm):
     from ssr_ui.export import run_from_json, run_to_json
 
-    prompt = make_example("arithmetic", 1500003).prompt
+    prompt = make_example("arithmetic", 1500006).prompt
     log = RunLog(tmp_path / "runs.db")
     events = list(log.record(decoder("ssr-exit", lm)(prompt, CFG), RunMeta("ssr-exit", lm.model_id, prompt, CFG.to_dict())))
     [row] = log.runs()
@@ -240,7 +240,7 @@ def test_the_sweep_reports_each_setting_beside_baseline_and_ssr(tmp_path, capsys
     from engine.tools import exit_sweep, synthetic
 
     prompts = tmp_path / "p.jsonl"
-    synthetic.main(["--suite", "arithmetic", "--n", "3", "--seed", "1500003", "--out", str(prompts)])
+    synthetic.main(["--suite", "arithmetic", "--n", "3", "--seed", "1500006", "--out", str(prompts)])
     out = tmp_path / "sweep.json"
     assert exit_sweep.main(["--prompts", str(prompts), "--ks", "2,5", "--intervals", "8", "--num-drafts", "4",
                             "--out", str(out), "--html", str(tmp_path / "s.html")]) == 0
@@ -252,6 +252,20 @@ def test_the_sweep_reports_each_setting_beside_baseline_and_ssr(tmp_path, capsys
     assert all(r["problems"] == 3 for r in rows)
     assert "k=2 every 8" in capsys.readouterr().out and (tmp_path / "s.html").stat().st_size > 1000
     assert exit_sweep.main(["--prompts", str(prompts), "--ks", "x", "--out", str(out)]) == 2
+    # a sweep in two parts, merged, is the same summary as the sweep made whole
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    lines = prompts.read_text().splitlines(keepends=True)
+    first.write_text("".join(lines[:2]))
+    second.write_text(lines[2])
+    for part in (first, second):
+        assert exit_sweep.main(["--prompts", str(part), "--ks", "2,5", "--intervals", "8", "--num-drafts", "4",
+                                "--out", str(part) + ".json"]) == 0
+    whole = tmp_path / "whole.json"
+    assert exit_sweep.main(["--merge", f"{first}.json", f"{second}.json", "--out", str(whole)]) == 0
+    again = json.loads(whole.read_text())["summary"]
+    same = ("setting", "problems", "accuracy", "lost", "gained", "reasoning_ratio", "exited")
+    assert [{k: r[k] for k in same} for r in again] == [{k: r[k] for k in same} for r in rows]
+    assert exit_sweep.main(["--merge", f"{first}.json", f"{first}.json", "--out", str(whole)]) == 2
 
 
 def test_the_bench_runs_it_with_the_models_probes_and_calls_an_exit_lossy(tmp_path, capsys):

@@ -674,7 +674,7 @@ def test_31_a_run_of_thousands_of_tokens_keeps_the_page_responsive(page, ramblin
     _shoot_timeline(page, "timeline-long-760")
 
 
-EXIT_PROMPT = make_example("arithmetic", 1_500_003).prompt  # its drafts agree early with 2 drafts 8 tokens apart
+EXIT_PROMPT = make_example("arithmetic", 1_500_006).prompt  # its drafts agree early with 2 drafts 8 tokens apart
 
 
 def _type(page, label: str, value: str) -> None:

@@ -7,6 +7,7 @@ import pytest
 from engine.config import RunConfig
 from engine.events import PhaseEvent, TokenEvent
 from engine.methods.ssr.loop import decode_ssr
+from engine.tools.synthetic import make_example
 from ssr_ui import charts
 from ssr_ui.render import TraceView, metrics_html
 from tests.tiny import make_model
@@ -270,8 +271,7 @@ def test_every_plain_method_says_it_writes_no_draft():
 
 # ----------------------------------------------------------------------------- SSR early exit (ssr-exit)
 
-EXIT_PROMPT = ("Start with 34, then multiply by 9, then subtract 59, then add 38, then subtract 18, then add 19. "
-               "What is the result?")  # engine.tools.synthetic arithmetic, seed 1500003: the bundled model exits
+EXIT_PROMPT = make_example("arithmetic", 1_500_006).prompt  # the bundled model's drafts 1 and 2 agree (on a wrong 17)
 EXIT_SETTINGS = dict(num_drafts=12, draft_interval=8, exit_k=2, exit_confidence=0, draft_start=20)
 
 

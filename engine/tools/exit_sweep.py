@@ -3,6 +3,7 @@
     python -m engine.tools.exit_sweep --prompts classes.jsonl (or --dataset, as the bench takes it) \\
         --ks 1,2,3,4 --intervals 16 [--confidences 0,0.9] [--min-think 0] [--num-drafts 12] \\
         --out exit-sweep.json [--html exit-sweep.html] [--model tiny-reasoner] [--db runs.db] [run settings]
+    python -m engine.tools.exit_sweep --merge part1.json part2.json --out all.json [--html all.html]
 
 For each problem, ``baseline`` and ``ssr`` (the model's recommended settings, as the bench runs
 them) and then ``ssr-exit`` once per setting (every k x interval x confidence; the probes are SSR's
@@ -12,6 +13,8 @@ its Wilson 95% interval, the change from baseline on the same problems (answers 
 a paired 95% interval), the reasoning tokens against baseline's (all problems' together), the median
 per-problem latency ratio to baseline and to SSR with their IQR, and how many runs exited. ``--html``
 writes the accuracy-vs-reasoning-tokens curve (one line per interval and confidence, a point per k).
+``--merge`` summarises the runs of sweeps made with the same settings on different problems (a
+long sweep split in parts that ran side by side) as one.
 """
 
 from __future__ import annotations
@@ -131,8 +134,51 @@ def format_rows(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def merged(paths: list[str]) -> tuple[list[dict], list[dict]]:
+    """The runs of several sweeps' results files, and their settings (ValueError unless they match
+    and cover different problems)."""
+    runs, settings, seen = [], None, set()
+    for path in paths:
+        try:
+            result = json.loads(Path(path).read_text())
+            mine = [{k: r[k] for k in ("setting", *EXIT_FLAGS)} for r in result["summary"] if "exit_k" in r]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"--merge {path}: not a results file of this sweep ({err})") from None
+        if settings is not None and mine != settings:
+            raise ValueError(f"--merge {path}: its settings differ from {paths[0]}'s")
+        settings = mine
+        ids = {r["prompt_id"] for r in result["runs"]}
+        if ids & seen:
+            raise ValueError(f"--merge {path}: problems already in an earlier file ({', '.join(sorted(ids & seen)[:3])})")
+        seen |= ids
+        runs += result["runs"]
+    return runs, settings or []
+
+
+def _write(rows: list[dict], runs: list[dict], out: str, html: str | None) -> None:
+    Path(out).write_text(json.dumps({"runs": runs, "summary": rows}, indent=1))
+    if html:
+        chart(rows).write_html(html, include_plotlyjs="cdn")
+    print(format_rows(rows))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.tools.exit_sweep", description=__doc__.split("\n")[0])
+    if argv is None:
+        argv = sys.argv[1:]
+    if "--merge" in argv:  # summarise finished sweeps: no source, no model
+        mp = argparse.ArgumentParser(prog="python -m engine.tools.exit_sweep --merge")
+        mp.add_argument("--merge", nargs="+", required=True)
+        mp.add_argument("--out", required=True)
+        mp.add_argument("--html", default=None)
+        margs = mp.parse_args(argv)
+        try:
+            runs, settings = merged(margs.merge)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        _write(sweep_rows(runs, settings), runs, margs.out, margs.html)
+        return 0
     add_source_args(ap)
     ap.add_argument("--ks", default="1,2,3,4", help="agreeing drafts needed (exit_k), comma-separated")
     ap.add_argument("--intervals", default=None, help="reasoning tokens between drafts (draft_interval), comma-separated "
@@ -185,11 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, bench in exits.items():
             runs.append({**bench.run_one(METHOD, problem, 0, b["answer_text"]), "setting": name})
         print(f"  [{i + 1}/{len(problems)}] {problem.id} done", file=sys.stderr, flush=True)
-    rows = sweep_rows(runs, settings)
-    Path(args.out).write_text(json.dumps({"runs": runs, "summary": rows}, indent=1))
-    if args.html:
-        chart(rows).write_html(args.html, include_plotlyjs="cdn")
-    print(format_rows(rows))
+    _write(sweep_rows(runs, settings), runs, args.out, args.html)
     return 0
 
 

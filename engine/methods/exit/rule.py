@@ -30,7 +30,8 @@ def answer_key(text: str) -> str | None:
     code = re.search(r"```[^\n]*\n(.*?)(?:```|$)", text, flags=re.DOTALL)
     if code is not None and code.group(1).strip():
         return _key("code", "\n".join(line.rstrip() for line in code.group(1).splitlines() if line.strip()))
-    return _key("text", " ".join(text.lower().split()).rstrip(" .!"))
+    prose = re.sub(r"```[^\n]*", " ", text)  # a code fence and its language name are no answer
+    return _key("text", " ".join(prose.lower().split()).rstrip(" .!"))
 
 
 def _key(kind: str, body: str) -> str | None:
