@@ -88,6 +88,17 @@ def exit_probes(model: str | None, max_think: int, draft_start: int) -> dict:
     return dict(tuned) if tuned else dict(num_drafts=8, draft_interval=max(8, (max_think - draft_start) // 8))
 
 
+def with_exit_probes(cfg, model: str | None):
+    """``cfg`` (a ``RunConfig``) for an ``ssr-exit`` run on ``model``: as it is, unless its drafts are
+    fewer than must agree (it could never exit, and would be SSR again): then ``model``'s probes
+    (:func:`exit_probes`, at least ``exit_k`` drafts). The bench CLI, a Compare and the Benchmark
+    tab give an early-exit run its probes this way; the run's rule (``RunStats.exit_rule``) names them."""
+    if cfg.num_drafts >= cfg.exit_k:
+        return cfg
+    probes = exit_probes(model, cfg.max_think, cfg.draft_start)
+    return cfg.replace(num_drafts=max(probes["num_drafts"], cfg.exit_k), draft_interval=probes["draft_interval"])
+
+
 def provenance(model: str | None, field: str) -> str | None:
     """Where the recommended ``field`` of ``model`` came from, if it was tuned or calibrated."""
     return PROVENANCE.get(_bundled_name(model), {}).get(field)

@@ -20,6 +20,7 @@ from engine.benchmarks.summary import summarize, table_cells, tokens_per_forward
 from engine.config import number
 from engine.methods.exit.budget import METHOD as EXIT
 from engine.methods.rsd.loop import check_pair
+from engine.presets import with_exit_probes
 from engine.remote.client import BackendError
 from engine.runtime.model import ModelLoadError, SSRUnsupportedError
 from ssr_ui import charts
@@ -74,10 +75,11 @@ def _run_row(r: dict) -> list:
             "-" if per is None else round(per, 2), answer[:80] + ("…" if len(answer) > 80 else "")]
 
 
-def _as_logged(runs: list[dict], config: dict | None = None) -> list[dict]:
-    """The benchmark's runs as History's charts read runs-table rows (the newest first); ``config``:
-    the settings every run used (the early-exit chart groups by them)."""
-    return [{"config": config, **r, "id": n, "status": "ok", "correct": r.get("correct")}
+def _as_logged(runs: list[dict], configs: dict | None = None) -> list[dict]:
+    """The benchmark's runs as History's charts read runs-table rows (the newest first); ``configs``:
+    each method's settings (the early-exit chart groups by them)."""
+    configs = configs or {}
+    return [{"config": configs.get(r["method"]), **r, "id": n, "status": "ok", "correct": r.get("correct")}
             for n, r in enumerate(runs, 1)][::-1]
 
 
@@ -140,18 +142,20 @@ class BenchmarkRuns:
             check_pair(lm, models["draft"])
         if set(SSR_FAMILY) & set(methods):
             lm.require_markers()
-        bench = Bench(models, methods, cfg, log=self.log, dataset=label, origin="app")
+        configs = {EXIT: with_exit_probes(cfg, name)} if EXIT in methods else {}  # drafts enough to agree
+        bench = Bench(models, methods, cfg, configs, log=self.log, dataset=label, origin="app")
+        settings_used = {m: bench.config(m).to_dict() for m in bench.methods}  # the charts group runs by them
         total = bench.total(problems, int(repeat))
         for waiting in self.claim_model():
             yield BenchFrame(progress_html(0, total, waiting))
         runs: list[dict] = []
         try:
-            cold = [m for m in bench.methods if not self.is_warm(lm, m, cfg)]
+            cold = [m for m in bench.methods if not self.is_warm(lm, m, bench.config(m))]
             if cold:  # the studio's own warm-up, once per kind of run (ssr_ui.shelf), as the Run tab's
                 yield BenchFrame(progress_html(0, total, f"{label}: {len(problems)} problems; warming up "
                                                          f"{', '.join(cold)} once (untimed, not logged)…"))
                 for m in cold:
-                    self.warm(lm, m, cfg, models)
+                    self.warm(lm, m, bench.config(m), models)
             yield BenchFrame(progress_html(0, total, f"run 1 of {total} in flight ({label}; timed)…"))
             drawn = charted = -CHARTS_S
             for r in bench.runs(problems, int(repeat), stop=lambda: job.cancelled,
@@ -162,7 +166,7 @@ class BenchmarkRuns:
                 if now - drawn < REDRAW_S:  # the progress bar moves on every run; the rest at its next redraw
                     yield BenchFrame(progress_html(len(runs), total, note), None, None, None)
                     continue
-                frame, drawn = self._bench_frame(runs, total, note, cfg.greedy, cfg.to_dict()), now
+                frame, drawn = self._bench_frame(runs, total, note, cfg.greedy, settings_used), now
                 if now - charted >= CHARTS_S:
                     charted = now
                 else:
@@ -172,17 +176,17 @@ class BenchmarkRuns:
             self._lock.release()
         if len(runs) < total:
             yield self._bench_frame(runs, total, f"stopped after {len(runs)} of {total} runs (the run in flight "
-                                                 "is logged as cancelled)", cfg.greedy, cfg.to_dict())
+                                                 "is logged as cancelled)", cfg.greedy, settings_used)
         else:
             yield self._bench_frame(runs, total, f"done: {total} runs on {len(problems)} problems of {label}, "
-                                                 "every run logged", cfg.greedy, cfg.to_dict())
+                                                 "every run logged", cfg.greedy, settings_used)
 
     @staticmethod
-    def _bench_frame(runs: list[dict], total: int, note: str, greedy: bool, config: dict | None = None) -> BenchFrame:
+    def _bench_frame(runs: list[dict], total: int, note: str, greedy: bool, configs: dict | None = None) -> BenchFrame:
         if not runs:
             return BenchFrame(progress_html(0, total, note))
         heads, cells = table_cells(summarize(runs, greedy))
-        rows = _as_logged(runs, config)
+        rows = _as_logged(runs, configs)
         return BenchFrame(progress_html(len(runs), total, note), {"headers": heads, "data": cells},
                           {"headers": RUN_COLUMNS, "data": [_run_row(r) for r in runs]},
                           (charts.accuracy_by_method(rows), charts.latency_by_method(rows), charts.token_composition(rows),

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from engine.config import RunConfig, number
 from engine.methods.exit.budget import METHOD as EXIT
 from engine.methods.rsd.loop import check_pair
-from engine.presets import exit_probes, provenance, recommended_settings
+from engine.presets import provenance, recommended_settings, with_exit_probes
 from engine.registry import NOT_ON_A_SERVER, decoder
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel
@@ -161,7 +161,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             for name in runs:
                 if job.cancelled:
                     break
-                cfg = compare_probes(base_cfg, model_name) if method == "Compare" and name == EXIT_MODE else base_cfg
+                cfg = with_exit_probes(base_cfg, model_name) if method == "Compare" and name == EXIT_MODE else base_cfg
                 if not self.is_warm(lm, METHOD_NAMES[name], cfg):
                     yield Frame.note(f"warming up {name} on {model_name} (once per kind of run, untimed, not logged)…")
                     self.warm(lm, METHOD_NAMES[name], cfg, rsd)
@@ -430,12 +430,3 @@ def _thinking(lm: LoadedModel) -> str | None:
         return "none"
     return "prompted" if lm.markers.prompted else None
 
-
-def compare_probes(cfg: RunConfig, model_name: str) -> RunConfig:
-    """The settings a Compare's SSR early exit run takes: ``cfg``, unless its drafts are fewer than
-    must agree (it could never exit, and would be SSR again): then the model's recommended probes
-    (``engine.presets.exit_probes``), as the bench gives it; its strip's rule names them."""
-    if cfg.num_drafts >= cfg.exit_k:
-        return cfg
-    probes = exit_probes(model_name, cfg.max_think, cfg.draft_start)
-    return cfg.replace(num_drafts=max(probes["num_drafts"], cfg.exit_k), draft_interval=probes["draft_interval"])

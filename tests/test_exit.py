@@ -272,16 +272,40 @@ def test_the_bench_runs_it_with_the_models_probes_and_calls_an_exit_lossy(tmp_pa
     from engine.tools import bench, synthetic
 
     prompts = tmp_path / "p.jsonl"
-    synthetic.main(["--suite", "arithmetic", "--n", "2", "--seed", "1500003", "--out", str(prompts)])
+    synthetic.main(["--suite", "arithmetic", "--n", "2", "--seed", "1500006", "--out", str(prompts)])
     out = tmp_path / "r.json"
-    assert bench.main(["--prompts", str(prompts), "--methods", "baseline,ssr,ssr-exit", "--exit-k", "1",
-                       "--exit-confidence", "0", "--out", str(out), "--warmup", "0"]) == 0
+    assert bench.main(["--prompts", str(prompts), "--methods", "baseline,ssr,ssr-exit", "--exit-k", "2",
+                       "--out", str(out), "--warmup", "0"]) == 0
     result = json.loads(out.read_text())
     assert result["config"]["num_drafts"] == 1 and result["method_configs"]["ssr-exit"]["num_drafts"] == 12
-    exits = [r for r in result["runs"] if r["method"] == "ssr-exit"]
-    assert len(exits) == 2 and all(r["exit_at"] is not None for r in exits)  # one agreeing draft is enough at k=1
-    assert all(r["agreement_kind"] == "exit" for r in exits)
-    printed = capsys.readouterr().out
-    assert "ssr-exit probes the answer with 12 drafts, one every 16" in printed and "lossy by design" in printed
+    assert "ssr-exit probes the answer with 12 drafts, one every 16" in capsys.readouterr().out
+    for r in (r for r in result["runs"] if r["method"] == "ssr-exit"):  # no exit: SSR, identical to baseline
+        assert r["agreement"] == "identical" if r["exit_at"] is None else r["agreement_kind"] == "exit"
     rows = {r["method"]: r for r in result["summary"]}
     assert set(rows) == {"baseline", "ssr", "ssr-exit"} and len(rows["ssr-exit"]["accuracy_ci95"]) == 2
+    # drafts the user set are kept as set (one agreeing draft is enough at k = 1)
+    assert bench.main(["--prompts", str(prompts), "--methods", "baseline,ssr-exit", "--exit-k", "1",
+                       "--num-drafts", "4", "--draft-interval", "8", "--out", str(out), "--warmup", "0"]) == 0
+    result = json.loads(out.read_text())
+    exits = [r for r in result["runs"] if r["method"] == "ssr-exit"]
+    assert result["method_configs"] == {} and all(r["exit_at"] is not None for r in exits)
+    assert all(r["agreement_kind"] == "exit" and "lossy by design" in r["agreement"] for r in exits)
+    assert "lossy by design" in capsys.readouterr().out
+
+
+def test_the_benchmark_tab_gives_it_the_models_probes_like_the_bench(tmp_path):
+    from ssr_ui.handlers import Studio
+
+    rows = [{"id": f"a{i}", "prompt": make_example("arithmetic", 1500006 + i).prompt,
+             "reference": make_example("arithmetic", 1500006 + i).reference, "suite": "arithmetic"} for i in range(2)]
+    path = tmp_path / "two.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    studio = Studio(db=str(tmp_path / "studio.db"))
+    frames = list(studio.benchmark(upload=str(path), methods=["baseline", "ssr-exit"], limit=2, exit_k=2))
+    assert "done: 4 runs on 2 problems" in frames[-1].status
+    exits = [r for r in studio.log.runs(dataset="two.jsonl") if r["method"] == "ssr-exit"]
+    configs = [r["config"] if isinstance(r["config"], dict) else json.loads(r["config"]) for r in exits]
+    assert len(exits) == 2 and all(c["num_drafts"] == 12 and c["draft_interval"] == 16 for c in configs)
+    assert all("a draft every 16 tokens" in r["exit_rule"] for r in exits)
+    chart = frames[-1].figures[4]
+    assert chart is not None and "Early exit" in chart.layout.title.text

@@ -50,7 +50,7 @@ from engine.benchmarks.summary import format_table, spread_warnings, summarize, 
 from engine.config import RunConfig, field_help
 from engine.events import Event, TokenEvent
 from engine.methods.rsd.loop import RSD_METHODS
-from engine.presets import exit_probes
+from engine.presets import with_exit_probes
 from engine.registry import METHODS, check_method, decoder
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel, check_backend
@@ -267,8 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     configs = {}
-    if "ssr-exit" in methods and args.num_drafts is None and args.draft_interval is None:
-        configs["ssr-exit"] = cfg.replace(**exit_probes(args.model, cfg.max_think, cfg.draft_start))
+    if "ssr-exit" in methods and args.num_drafts is None and args.draft_interval is None \
+            and (probed := with_exit_probes(cfg, args.model)) is not cfg:
+        configs["ssr-exit"] = probed
         print(f"ssr-exit probes the answer with {configs['ssr-exit'].num_drafts} drafts, one every "
               f"{configs['ssr-exit'].draft_interval} reasoning tokens (this model's; set --num-drafts and "
               "--draft-interval to choose; the other methods keep theirs)", flush=True)
