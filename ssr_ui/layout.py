@@ -19,9 +19,9 @@ import gradio as gr
 
 from engine.benchmarks.problems import BUNDLED_SETS, TASKS
 from engine.benchmarks.problems import PRESETS as DATASET_PRESETS
-from engine.config import LABELS, number, rule
+from engine.config import LABELS, RunConfig, number, rule
 from engine.methods.rsd.acceptance import WEIGHTINGS
-from engine.presets import BUNDLED, PRESETS, exit_probes
+from engine.presets import BUNDLED, PRESETS, with_exit_probes
 from engine.registry import METHODS
 from engine.runlog import RunLogError
 from engine.runlog.compare import SLOW_FACTOR
@@ -579,20 +579,25 @@ def build_app(studio: Studio) -> gr.Blocks:
 
 def exit_mode_probes(mode: str, name: str, think, start, drafts, interval, k) -> dict | None:
     """SSR early exit picked with fewer drafts than must agree (it could never exit): the model's
-    recommended probes (``engine.presets.exit_probes``, at least k drafts) for Number of drafts and
-    Draft interval, with the notice that says so; None when nothing is to change (another mode,
-    enough drafts, or a box the run will name as bad). Nothing else the user set moves."""
-    drafts, k, think, start = _whole(drafts), _whole(k), _whole(think), _whole(start)
-    if mode != EXIT_MODE or None in (drafts, k, think, start) or drafts >= k:
+    probes (``engine.presets.with_exit_probes``, the bench's and a Compare's rule) for Number of
+    drafts and Draft interval, with the notice that says so; None when nothing is to change
+    (another mode, enough drafts, or a box the run will name as bad). Nothing else the user set moves."""
+    if mode != EXIT_MODE:
         return None
-    probes = exit_probes(name, think, start)
-    probes["num_drafts"] = max(probes["num_drafts"], k)  # (a k above the recommended count: k drafts)
-    changed = [f"{LABELS['num_drafts']} {drafts} -> {probes['num_drafts']}"]
-    if _whole(interval) != probes["draft_interval"]:
-        changed.append(f"{LABELS['draft_interval']} {_whole(interval)} -> {probes['draft_interval']}")
-    probes["notice"] = (f"SSR early exit stops when {k} drafts agree ({LABELS['exit_k']}), so it needs at least "
-                        f"{k} drafts: {name}'s recommended probes: " + ", ".join(changed))
-    return probes
+    try:
+        cfg = RunConfig(max_think=_whole(think), draft_start=_whole(start), num_drafts=_whole(drafts),
+                        draft_interval=_whole(interval), exit_k=_whole(k))
+    except (TypeError, ValueError):  # a box the run will name as bad
+        return None
+    probed = with_exit_probes(cfg, name)
+    if probed is cfg:
+        return None
+    changed = [f"{LABELS['num_drafts']} {cfg.num_drafts} -> {probed.num_drafts}"]
+    if cfg.draft_interval != probed.draft_interval:
+        changed.append(f"{LABELS['draft_interval']} {cfg.draft_interval} -> {probed.draft_interval}")
+    return {"num_drafts": probed.num_drafts, "draft_interval": probed.draft_interval,
+            "notice": f"SSR early exit stops when {cfg.exit_k} drafts agree ({LABELS['exit_k']}), so it needs at "
+                      f"least {cfg.exit_k} drafts: {name}'s recommended probes: " + ", ".join(changed)}
 
 
 def _timeline_box(empty: TraceView, elem_id: str) -> tuple[gr.HTML, gr.Radio]:
