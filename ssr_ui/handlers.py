@@ -27,7 +27,7 @@ from engine.config import RunConfig, number
 from engine.methods.exit.budget import METHOD as EXIT
 from engine.methods.rsd.loop import check_pair
 from engine.presets import provenance, recommended_settings, with_exit_probes
-from engine.registry import NOT_ON_A_SERVER, decoder
+from engine.registry import LOSSY, NOT_ON_A_SERVER, decoder
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel
 from engine.runlog import RunLog, RunLogError, RunMeta, prompt_hash
@@ -134,7 +134,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         for status in self.loading(model_name):  # a first load (a GGUF file's conversion) says how it goes
             yield Frame.note(f"loading {model_name}… {status}")
         lm = self.model(model_name)
-        if isinstance(lm, RemoteModel) and EXIT in NOT_ON_A_SERVER:  # early exit runs in process only
+        if isinstance(lm, RemoteModel):  # early exit runs in process only (NOT_ON_A_SERVER says why)
             if method == EXIT_MODE:
                 raise ValueError(f"SSR early exit is not offered on a vLLM server: {NOT_ON_A_SERVER[EXIT]}")
             runs = [name for name in runs if name != EXIT_MODE]  # a Compare there: the other three
@@ -161,7 +161,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             for name in runs:
                 if job.cancelled:
                     break
-                cfg = with_exit_probes(base_cfg, model_name) if method == "Compare" and name == EXIT_MODE else base_cfg
+                cfg = with_exit_probes(base_cfg, model_name) if name == EXIT_MODE else base_cfg  # drafts enough to agree
                 if not self.is_warm(lm, METHOD_NAMES[name], cfg):
                     yield Frame.note(f"warming up {name} on {model_name} (once per kind of run, untimed, not logged)…")
                     self.warm(lm, METHOD_NAMES[name], cfg, rsd)
@@ -287,7 +287,8 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         out["identical"] = done.answer_text == base_answer if cfg.greedy else None
         if done.stats.flops and base_flops:
             out["flops_ratio"] = done.stats.flops / statistics.median(base_flops)
-        if cfg.greedy and isinstance(lm, LoadedModel) and getattr(done, "reasoning_ids", None) is not None:
+        exited = run["method"] in LOSSY and done.stats.exit_at is not None  # it parts from baseline by design there
+        if cfg.greedy and not exited and isinstance(lm, LoadedModel) and getattr(done, "reasoning_ids", None) is not None:
             out["agreement"] = agreement(lm, run["prompt"], base_ids(), done.reasoning_ids + done.answer_ids)
         return out
 

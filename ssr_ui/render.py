@@ -465,7 +465,7 @@ TERMS = {
                  "the newest agreeing draft; each finished draft is a probe of the answer (its last \\boxed{}, else its "
                  "first code block, else its text)",
     "early exit": "where the reasoning was stopped: after this many of the model's own reasoning tokens (the forced "
-                  "end of thinking follows); no exit: the drafts never agreed, so the run was plain SSR",
+                  "end of thinking follows); no exit: the rule never held before the reasoning ended, so the run was plain SSR",
     "agreed": "the drafts whose answers agreed, and on what (shortened)",
     "tokens saved": "reasoning tokens this run did not write, against the baseline it is compared with (a Compare's "
                     "own baseline run, else the median of the matching logged ones); without one, the reasoning "
@@ -567,9 +567,7 @@ def _exit_items(view: TraceView, compare: dict | None) -> list[tuple[str, str]]:
     without a baseline, the budget it left, and how to see the saving)."""
     s = view.stats
     items = [("exit rule", html.escape(s.exit_rule))] if s and s.exit_rule else []
-    at = s.exit_at if s is not None else view.exit.at_token if view.exit is not None else None
-    if at is None and view.exit is not None:
-        at = view.exit.at_token
+    at = view.exit.at_token if view.exit is not None else s.exit_at if s is not None else None
     if at is not None:
         items.append(("early exit", f"exited at reasoning token {at}"))
         answer = s.exit_answer if s is not None else ""
@@ -578,7 +576,8 @@ def _exit_items(view: TraceView, compare: dict | None) -> list[tuple[str, str]]:
                                             + (f" on “{_short(answer, 40)}”" if answer else "")
                                             + (f" (mean token probability {score:.2f})" if score is not None else ""))))
     elif s is not None and view.phase in ("done", "ok", "imported"):
-        items.append(("early exit", "no exit: drafts never agreed — ran as SSR"))
+        items.append(("early exit", (f"no exit: the rule never held in {s.drafts} draft{'s' if s.drafts != 1 else ''} "
+                                    "before the reasoning ended — ran as SSR")))
     elif s is None and view.phase not in ("stopped", "error"):
         items.append(("early exit", "not yet: the drafts have not agreed"))
     if s is None or view.phase not in ("done", "ok", "imported"):

@@ -201,11 +201,11 @@ def _marks(view, forwards: list[ForwardEvent], x: str, span: float) -> list[tupl
         at = view.draft_forks.get(d)
         label = f"draft {d} forked" + (f" after {at} reasoning tokens" if at is not None else "")
         out += [(pos(t), label, DRAFT_COLOR, "main"), (pos(t), label, DRAFT_COLOR, f"draft {d}")]
-    if view.exit is not None:  # ssr-exit: the drafts agreed here and the reasoning was stopped
-        out.append((pos(view.exit.t), f"early exit after {view.exit.at_token} reasoning tokens: {view.exit_words()}",
-                    EXIT_COLOR, None))
     if view.answer_t is not None and view.reasoning:
         out.append((pos(view.answer_t), "end of thinking: the answer starts", "#111827", None))
+    if view.exit is not None:  # ssr-exit: the drafts agreed and the end of thinking was forced (drawn on top of it)
+        out.append((pos(view.exit.t), f"early exit after {view.exit.at_token} reasoning tokens: {view.exit_words()}",
+                    EXIT_COLOR, None))
     return out
 
 

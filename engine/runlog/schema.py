@@ -101,8 +101,8 @@ MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _mi
 
 
 def _stats_columns() -> dict:
-    kinds = {"int": int, "str": str}  # annotations are strings here; the rest are floats
-    return {f.name: kinds.get(f.type, float) for f in dataclasses.fields(RunStats) if f.name != "method"}
+    kinds = {"int": int, "str": str}  # annotations are strings here ("int | None" is an int); the rest are floats
+    return {f.name: kinds.get(f.type.split(" |")[0], float) for f in dataclasses.fields(RunStats) if f.name != "method"}
 
 
 EVENT_COLUMNS = ("run_id", "seq", "kind", "stream", "status", "token_id", "text", "position", "draft", "source",

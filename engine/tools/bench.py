@@ -267,12 +267,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     configs = {}
-    if "ssr-exit" in methods and args.num_drafts is None and args.draft_interval is None \
-            and (probed := with_exit_probes(cfg, args.model)) is not cfg:
+    if "ssr-exit" in methods and (probed := with_exit_probes(cfg, args.model)) is not cfg:
         configs["ssr-exit"] = probed
-        print(f"ssr-exit probes the answer with {configs['ssr-exit'].num_drafts} drafts, one every "
-              f"{configs['ssr-exit'].draft_interval} reasoning tokens (this model's; set --num-drafts and "
-              "--draft-interval to choose; the other methods keep theirs)", flush=True)
+        print(f"ssr-exit probes the answer with {probed.num_drafts} drafts, one every {probed.draft_interval} "
+              f"reasoning tokens (this model's: {cfg.num_drafts} draft(s) could never make {cfg.exit_k} agree; "
+              "set --num-drafts to at least --exit-k to choose them; the other methods keep theirs)", flush=True)
     live = LiveProgress()
     bench = Bench(models, methods, cfg, configs, grader, log, dataset, watch=live)
     for _ in range(args.warmup):

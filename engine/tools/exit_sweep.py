@@ -54,11 +54,21 @@ def sweep_rows(runs: list[dict], settings: list[dict]) -> list[dict]:
     return rows
 
 
+def _grade(run: dict | None) -> bool | None:
+    """A run's grade; on a task graded by agreement with baseline (code, free text) baseline's own
+    answer is the reference (right by definition), and the others' grade is their agreement with it."""
+    if run is None:
+        return None
+    if run.get("correct") is None and run["method"] == "baseline" and run.get("graded_by") == "agreement with baseline":
+        return True
+    return None if run.get("correct") is None else bool(run["correct"])
+
+
 def _summary(runs: list[dict], base: dict, ssr: dict) -> dict:
-    graded = [r for r in runs if r.get("correct") is not None and base.get(r["prompt_id"], {}).get("correct") is not None]
-    right = sum(bool(r["correct"]) for r in graded)
-    lost = sum(bool(base[r["prompt_id"]]["correct"]) and not r["correct"] for r in graded)
-    gained = sum(bool(r["correct"]) and not base[r["prompt_id"]]["correct"] for r in graded)
+    graded = [r for r in runs if _grade(r) is not None and _grade(base.get(r["prompt_id"])) is not None]
+    right = sum(_grade(r) for r in graded)
+    lost = sum(_grade(base[r["prompt_id"]]) and not _grade(r) for r in graded)
+    gained = sum(_grade(r) and not _grade(base[r["prompt_id"]]) for r in graded)
     n = len(graded)
     lat_b = [r["latency_s"] / base[r["prompt_id"]]["latency_s"] for r in runs if r["prompt_id"] in base]
     lat_s = [r["latency_s"] / ssr[r["prompt_id"]]["latency_s"] for r in runs if r["prompt_id"] in ssr]
@@ -93,7 +103,8 @@ def chart(rows: list[dict]):
     fig = go.Figure()
     base = rows[0]
     for (interval, conf), group in itertools.groupby(
-            sorted((r for r in rows if "exit_k" in r), key=lambda r: (r["draft_interval"], r["exit_confidence"], r["exit_k"])),
+            sorted((r for r in rows if "exit_k" in r and r["accuracy"] is not None),
+                   key=lambda r: (r["draft_interval"], r["exit_confidence"], r["exit_k"])),
             key=lambda r: (r["draft_interval"], r["exit_confidence"])):
         group = list(group)
         fig.add_trace(go.Scatter(
@@ -102,6 +113,9 @@ def chart(rows: list[dict]):
             name=f"ssr-exit, a draft every {interval}" + (f", p >= {conf:g}" if conf else ""),
             error_y=dict(type="data", symmetric=False, array=[r["accuracy_interval"][1] - r["accuracy"] for r in group],
                          arrayminus=[r["accuracy"] - r["accuracy_interval"][0] for r in group])))
+    if not fig.data:
+        fig.add_annotation(text="no graded runs: accuracy needs references (or a baseline to agree with)",
+                           showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
     for r, color in ((base, "#6b7280"), (rows[1], "#2563eb")):
         if r["accuracy"] is not None:
             fig.add_trace(go.Scatter(x=[r["reasoning_ratio"]], y=[r["accuracy"]], mode="markers", name=r["setting"],
@@ -134,29 +148,30 @@ def format_rows(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def merged(paths: list[str]) -> tuple[list[dict], list[dict]]:
-    """The runs of several sweeps' results files, and their settings (ValueError unless they match
-    and cover different problems)."""
-    runs, settings, seen = [], None, set()
+def merged(paths: list[str]) -> tuple[list[dict], list[dict], dict | None]:
+    """The runs of several sweeps' results files, their settings and their model and base settings
+    (ValueError unless they match and cover different problems)."""
+    runs, settings, base, seen = [], None, None, set()
     for path in paths:
         try:
             result = json.loads(Path(path).read_text())
             mine = [{k: r[k] for k in ("setting", *EXIT_FLAGS)} for r in result["summary"] if "exit_k" in r]
+            theirs = result["base"]
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise ValueError(f"--merge {path}: not a results file of this sweep ({err})") from None
-        if settings is not None and mine != settings:
-            raise ValueError(f"--merge {path}: its settings differ from {paths[0]}'s")
-        settings = mine
+        if settings is not None and (mine != settings or theirs != base):
+            raise ValueError(f"--merge {path}: its model or settings differ from {paths[0]}'s")
+        settings, base = mine, theirs
         ids = {r["prompt_id"] for r in result["runs"]}
         if ids & seen:
             raise ValueError(f"--merge {path}: problems already in an earlier file ({', '.join(sorted(ids & seen)[:3])})")
         seen |= ids
         runs += result["runs"]
-    return runs, settings or []
+    return runs, settings or [], base
 
 
-def _write(rows: list[dict], runs: list[dict], out: str, html: str | None) -> None:
-    Path(out).write_text(json.dumps({"runs": runs, "summary": rows}, indent=1))
+def _write(rows: list[dict], runs: list[dict], out: str, html: str | None, base: dict | None = None) -> None:
+    Path(out).write_text(json.dumps({"base": base, "runs": runs, "summary": rows}, indent=1))
     if html:
         chart(rows).write_html(html, include_plotlyjs="cdn")
     print(format_rows(rows))
@@ -173,11 +188,11 @@ def main(argv: list[str] | None = None) -> int:
         mp.add_argument("--html", default=None)
         margs = mp.parse_args(argv)
         try:
-            runs, settings = merged(margs.merge)
+            runs, settings, base = merged(margs.merge)
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-        _write(sweep_rows(runs, settings), runs, margs.out, margs.html)
+        _write(sweep_rows(runs, settings), runs, margs.out, margs.html, base)
         return 0
     add_source_args(ap)
     ap.add_argument("--ks", default="1,2,3,4", help="agreeing drafts needed (exit_k), comma-separated")
@@ -231,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, bench in exits.items():
             runs.append({**bench.run_one(METHOD, problem, 0, b["answer_text"]), "setting": name})
         print(f"  [{i + 1}/{len(problems)}] {problem.id} done", file=sys.stderr, flush=True)
-    _write(sweep_rows(runs, settings), runs, args.out, args.html)
+    _write(sweep_rows(runs, settings), runs, args.out, args.html, {"model": args.model, "config": base.to_dict()})
     return 0
 
 

@@ -32,13 +32,13 @@ class ExitBudget(SSRBudget):
         self.state = state
         self.rule = ExitRule(cfg.exit_k, cfg.exit_min_think, cfg.exit_confidence)
         self.exit: Exit | None = None
-        self._probs: dict[int, list[float]] = {}  # per draft, each token's probability under the model
+        self._probs: dict[int, list[torch.Tensor]] = {}  # per draft, each token's probability (on the device)
         self._probes: dict[int, Probe] = {}  # the finished drafts, judged once
         state.rec.stats.exit_rule = self.rule.describe(cfg.draft_interval)
 
     def drafted(self, draft: Draft, token: int, logits: torch.Tensor) -> None:
-        if self.rule.confidence > 0:
-            self._probs.setdefault(draft.index, []).append(float(torch.softmax(logits.float(), -1)[token]))
+        if self.rule.confidence > 0:  # read back once, when the draft is judged (no device sync per token)
+            self._probs.setdefault(draft.index, []).append(torch.softmax(logits.float(), -1)[token])
 
     def spent(self, thought: int) -> bool:
         if super().spent(thought):
@@ -49,7 +49,7 @@ class ExitBudget(SSRBudget):
 
     def lead(self, drafts: list[Draft]) -> Draft | None:
         if self.exit is not None:
-            return drafts[self.exit.drafts[-1]]
+            return next(d for d in drafts if d.index == self.exit.drafts[-1])
         return super().lead(drafts)
 
     def open_answer(self, rec: Recorder) -> Iterator[Event]:
@@ -61,15 +61,17 @@ class ExitBudget(SSRBudget):
         yield from super().open_answer(rec)
 
     def _finished(self) -> list[Probe]:
+        """The drafts that ended by themselves (their end of sequence), each judged once. A draft
+        cut short (``max_draft``, longrope's switch point) wrote no whole answer: it is no probe."""
         tokenizer = self.state.rec.tokenizer
         for d in self.state.drafts:
-            if d.finished and d.index not in self._probes:
+            if d.finished and d.end is not None and d.index not in self._probes:
                 probs = self._probs.get(d.index)
                 self._probes[d.index] = Probe(d.index, answer_key(tokenizer.decode(d.tokens, skip_special_tokens=True)),
-                                              sum(probs) / len(probs) if probs else None)
+                                              float(torch.stack(probs).mean()) if probs else None)
         return list(self._probes.values())
 
 
 def decode_exit(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     """Yield the events of an ``ssr-exit`` run: SSR's loop with :class:`ExitBudget`."""
-    return decode_ssr(lm, prompt, cfg, method=METHOD, budget=ExitBudget)
+    return decode_ssr(lm, prompt, cfg, method=METHOD, budget_class=ExitBudget)

@@ -78,9 +78,9 @@ class SSRBudget(ThinkBudget):
 
 
 def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
-               budget: type[SSRBudget] = SSRBudget) -> Iterator[Event]:
+               budget_class: type[SSRBudget] = SSRBudget) -> Iterator[Event]:
     """Yield the events of an SSR run of ``prompt`` (the user message, templated here); ``method``
-    names the run, ``budget`` is the hook a method built on this loop gives (:class:`SSRBudget`)."""
+    names the run, ``budget_class`` is the hook a method built on this loop gives (:class:`SSRBudget`)."""
     markers = lm.require_markers()
     cfg.check_ssr()
     prompt_ids = lm.prompt_ids(prompt)
@@ -101,7 +101,7 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
     index.extend("prompt", prompt_ids)
     state = _State(lm, cfg, rec, index, Chooser(cfg.temperature, cfg.top_p, cfg.seed),
                    Chooser(cfg.temperature, cfg.top_p, cfg.seed + 1), capacity)
-    budget = budget(markers, cfg, state)
+    budget = budget_class(markers, cfg, state)
     yield rec.phase("prefill")
     if len(prompt_ids) > 1:  # the last prompt token is the main row's first input in phase A
         t0 = rec.now()
@@ -219,20 +219,21 @@ def _reason_and_draft(s: _State, budget: SSRBudget, first_input: int) -> Iterato
         steps = [row.take(logits[r]) for r, row in enumerate(rows)]  # logits[r]: [K, V]
         batch.keep([step.kept for step in steps])
         # 5. record: the forward (what each row took), the drafts' tokens, then the main row's (its own
-        #    token forced at the budget)
+        #    token forced at the budget). The drafts take theirs first: the budget sees them (an early exit
+        #    decides on the step a draft finishes)
         step = steps[0]
         assert step.tokens, "the main row never queues forced tokens while it reasons"
+        takes, draft_works = [], []
+        for row, st in zip(rows[1:], steps[1:], strict=True):
+            before = len(row.draft.tokens)
+            takes += _draft_takes(s, row, st, budget)
+            draft_works.append(_work(row, st, len(row.draft.tokens) - before))
         own = None if budget.spent(n + step.accepted) else step.tokens[-1]  # at the budget the marker is forced
         s.ended = budget.ends_run(own, lm.eos_ids)  # ended without closing its thoughts: no answer
         forced = own is None or own in lm.eos_ids  # the budget, or a prompted model's end of turn, closes it
         closing = budget.force() if forced else step.tokens[-1:]  # the main row's next token(s), not fed yet
         works = [_work(rows[0], step, len(step.tokens) - forced,
-                       0 if s.ended or not forced else len(closing) + len(budget.forced))]
-        takes = []
-        for row, st in zip(rows[1:], steps[1:], strict=True):
-            before = len(row.draft.tokens)
-            takes += _draft_takes(s, row, st, budget)
-            works.append(_work(row, st, len(row.draft.tokens) - before))
+                       0 if s.ended or not forced else len(closing) + len(budget.forced)), *draft_works]
         yield rec.forward(t0, works, end=t1, tokens=batch.last_tokens)  # padding and any re-encode: computed
         yield from takes
         for t in step.tokens[:-1]:
