@@ -237,7 +237,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                     answer_pane = gr.HTML(empty.answer_html(), label="answer")
             with gr.Row():
                 run_pick = gr.Radio([], label="Show run", visible=False, elem_classes="run-pick",
-                                    info="a comparison ran all three: switch the panes between them")
+                                    info="a comparison ran each of these: switch the panes between them")
             chart = gr.Plot(label="compare chart", show_label=False, visible=False)
             timeline, tl_x = _timeline_box(empty, "timeline")
             last_runs = gr.State(None)  # the latest comparison's final frames, for the run picker
