@@ -276,7 +276,7 @@ def exit_by_k(rows: list[dict]) -> go.Figure:
         return _empty(fig, "No SSR early exit runs yet.")
     _padded(fig, [k for k, _ in keys], 0.5)
     if not graded_any:  # said in the title, above the plot: never over a point
-        fig.update_layout(title_text="Early exit: reasoning tokens by k (accuracy needs runs with a reference answer)")
+        fig.update_layout(title_text="Early exit: reasoning by k (accuracy needs graded runs)")
     return fig
 
 

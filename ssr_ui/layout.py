@@ -168,8 +168,10 @@ def build_app(studio: Studio) -> gr.Blocks:
                     max_draft = _as_sent(gr.Number(value=cfg.max_draft, precision=0, label="Max draft"))
                     max_answer = _as_sent(gr.Number(value=cfg.max_answer, precision=0, label="Max answer"))
                 with gr.Row():
-                    num_drafts = _as_sent(gr.Number(value=cfg.num_drafts, precision=0, label="Number of drafts"))
-                    draft_interval = _as_sent(gr.Number(value=cfg.draft_interval, precision=0, label="Draft interval"))
+                    num_drafts = _as_sent(gr.Number(value=cfg.num_drafts, precision=0, label="Number of drafts",
+                                                    elem_id="num-drafts"))
+                    draft_interval = _as_sent(gr.Number(value=cfg.draft_interval, precision=0, label="Draft interval",
+                                                        elem_id="draft-interval"))
                     suffix = gr.Checkbox(value=cfg.suffix_recovery, label="Suffix recovery")
                     lookup = gr.Checkbox(value=cfg.context_lookup, label="Context lookup")
                     think_spec = _as_sent(gr.Number(
