@@ -381,4 +381,4 @@ def test_the_early_exit_chart_groups_by_k_and_interval():
     assert "accuracy and reasoning tokens by k" in fig.layout.title.text
     assert "No SSR early exit runs" in charts.exit_by_k(rows[:3]).layout.annotations[0].text
     alone = charts.exit_by_k([row(8, "ssr-exit", "z", 30, None, k=2)])  # no baseline, no grade: absolute tokens
-    assert list(alone.data[0].y) == [30] and "accuracy needs runs with a reference" in alone.layout.title.text
+    assert list(alone.data[0].y) == [30] and "accuracy needs graded runs" in alone.layout.title.text
