@@ -213,6 +213,40 @@ def test_recurrent_rollback_on_the_static_cache(bug):
     expect(gap(_feed(lm, rolled, ids[22:26], seq_length(rolled), 22), _feed(lm, straight, ids[22:26], 22), lm), bug)
 
 
+@pytest.mark.parametrize("kind", ["qwen3.5-4b", "nemotron-h", "lfm2", "jamba", "mamba"])
+def test_every_layer_counts_what_the_cache_holds_after_rollbacks_and_forks(kind):
+    """transformers 5.25 gave each linear-attention layer a token counter of its own
+    (``cumulative_length_linear``) and made ``Cache.get_seq_length()`` read layer 0, a linear layer
+    in Jamba or Mamba (issue 40: "cache holds 36 tokens, expected 24"). After prefills, steps, forks,
+    a crop and a checkpoint's restore, the cache's length at every layer index, and every layer's own
+    counter where it keeps one, are the tokens the cache holds (5.24 keeps none: the length alone)."""
+    lm = family_model(kind, dtype=torch.float32)
+    ids = lm.prompt_ids("the lazy dog jumps over the fox and the cat")[:24]
+    cache = lm.new_cache(64)
+
+    def held(n):
+        assert seq_length(cache) == n
+        for i, layer in enumerate(cache.layers):
+            assert int(cache.get_seq_length(i)) == n, f"layer {i} ({type(layer).__name__}) says {cache.get_seq_length(i)}"
+            counter = getattr(layer, "cumulative_length_linear", None)
+            assert counter is None or int(counter) == n, f"layer {i}'s own counter says {int(counter)}, held {n}"
+
+    _feed(lm, cache, ids[:10], 0)
+    held(10)
+    ckpt = checkpoint(cache, 10)
+    _feed(lm, cache, ids[10:11], 10)
+    _feed(lm, cache, ids[11:12], 11)
+    held(12)
+    take_rows(cache, [0, 0])  # a fork: one more row at the same length
+    lm.forward(torch.tensor([ids[12:13]] * 2), cache, 12)
+    held(13)
+    take_rows(cache, [0])
+    lm.rewind(cache, ckpt, ids[10:12])  # back to 10, then the kept tokens re-read
+    held(12)
+    _feed(lm, cache, ids[12:15], 12)
+    held(15)
+
+
 def test_cache_memory_is_sized_from_the_budgets():
     lm = _model("llama")
     size = next(lm.model.parameters()).element_size()

@@ -196,6 +196,19 @@ class LinearSlotLayer(LinearAttentionLayer, SlotLayer):
     def crop(self, tokens_to_remove: int) -> None:
         SlotLayer.crop(self, tokens_to_remove)
 
+    def get_seq_length(self) -> int:
+        # the slots (transformers >= 5.25 gives linear layers a token counter of their own, first in this MRO)
+        return SlotLayer.get_seq_length(self)
+
+
+def _set_linear_count(layer, length: int) -> None:
+    """A linear layer's own token counter (transformers >= 5.25's ``cumulative_length_linear``, a
+    device tensor its forwards add to) set to ``length``: a rollback moves it with the slots, as it
+    moves the length of every attention layer. Nothing where the layer keeps no counter (5.24)."""
+    counter = getattr(layer, "cumulative_length_linear", None)
+    if isinstance(counter, torch.Tensor):
+        counter.fill_(length)
+
 
 class SlotCache(Cache):
     """A model's cache with every attention layer a :class:`SlotLayer`."""
@@ -211,7 +224,14 @@ class SlotCache(Cache):
         self.fed = 0
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.fed if self.counts_tokens else super().get_seq_length(layer_idx)
+        """The slots in use: every attention layer holds the same number. A recurrent layer's index
+        reads the first attention layer (as transformers 5.24 did; 5.25 reads that layer's own token
+        counter, which a rollback here keeps equal but which is the layer's, not the cache's)."""
+        if self.counts_tokens:
+            return self.fed
+        if layer_idx < len(self.layers) and not isinstance(self.layers[layer_idx], CacheLayerMixin):
+            layer_idx = next(i for i, layer in enumerate(self.layers) if isinstance(layer, CacheLayerMixin))
+        return super().get_seq_length(layer_idx)
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
         """Without any attention layer (every layer recurrent: a mask only the model's bookkeeping
@@ -236,6 +256,8 @@ class SlotCache(Cache):
         """Every slot layer holds ``length`` slots (a rollback: nothing moves but the count)."""
         for layer in self.slot_layers:
             layer.length = length
+        for layer in self.layers:
+            _set_linear_count(layer, length)
         self.fed = length
         if self.cursor.tensor is not None:
             self.cursor.tensor.fill_(length)
