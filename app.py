@@ -2,8 +2,11 @@
 
     python app.py [--model NAME_OR_PATH] [--draft-model NAME] [--prm NAME] [--host 127.0.0.1]
                   [--port 7860] [--share] [--db runs.db] [--device cuda|mps|cpu]
+                  [--public auto|on|off] [--models A,B,C] [--max-jobs 8]
 
-With no flags it runs offline on the bundled tiny models. Nothing heavy happens at import:
+With no flags it runs offline on the bundled tiny models. On a Hugging Face Space (or with
+``--public on``) it is a shared studio: each visitor sees only their own runs, picks only the
+operator's models, and has one job in flight (``ssr_ui/public.py``). Nothing heavy happens at import:
 the model loads on the first run and stays cached.
 """
 
@@ -23,7 +26,10 @@ from ssr_ui.export import MAX_TRACE_BYTES
 from ssr_ui.handlers import DEFAULT_DRAFT, DEFAULT_PRM, LOAD_TIMEOUT_S, MAX_RUN_S, Studio
 from ssr_ui.jobs import CancelRoute
 from ssr_ui.layout import build_app
+from ssr_ui.public import MAX_JOBS, PUBLIC_MODES, Public
 from ssr_ui.render import CSS
+
+QUEUE_MAX = 64  # a shared studio's Gradio queue (History, replays and the like; the model's jobs have their own bounds)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,6 +58,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-run-seconds", type=float, default=MAX_RUN_S, help="a run still going after this is stopped")
     ap.add_argument("--max-cache-gb", type=float, default=None, help="refuse a run whose KV cache would take more "
                     "(a Space's guard; the memory available is always checked)")
+    ap.add_argument("--public", choices=PUBLIC_MODES, default="auto",
+                    help="a shared studio: each visitor's runs their own, the --models list only, one job per visitor "
+                         "(auto: on where Hugging Face runs it, SPACE_ID set; off: the operator sees every run)")
+    ap.add_argument("--models", default=None, help="a shared studio's models, comma-separated (default: the bundled "
+                    "models and the installed registry models; --model, --draft-model and --prm are always on it)")
+    ap.add_argument("--max-jobs", type=int, default=MAX_JOBS,
+                    help="a shared studio's runs, sweeps and benchmarks in flight at once (one uses the model)")
     return ap.parse_args(argv)
 
 
@@ -70,13 +83,17 @@ def main(argv: list[str] | None = None) -> None:
         check_backend(args.backend, args.base_url)
         if args.server_speculation and not args.base_url:
             raise ValueError("--server-speculation describes the --base-url server: give --base-url too")
+        public = Public.build(args.public, args.models, [args.model, args.draft_model, args.prm], args.max_jobs)
         studio = Studio(args.model, args.db, args.device, args.draft_model, args.prm, args.load_timeout,
-                        args.max_run_seconds, args.compile, servers(args), args.max_cache_gb)
+                        args.max_run_seconds, args.compile, servers(args), args.max_cache_gb, public)
     except (ValueError, RunLogError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     demo = build_app(studio)
-    demo.queue(default_concurrency_limit=1).launch(
+    if public.on:
+        print(f"public mode: each visitor sees their own runs; models offered: {', '.join(public.models)}; "
+              f"at most {public.max_jobs} jobs in flight, one per visitor", file=sys.stderr)
+    demo.queue(default_concurrency_limit=1, max_size=QUEUE_MAX if public.on else None).launch(
         server_name=args.host, server_port=args.port, share=args.share, css=CSS, max_file_size=MAX_TRACE_BYTES,
         app_kwargs={"middleware": [Middleware(CancelRoute, jobs=studio.jobs)]})  # per-job cancel (ssr_ui/jobs.py)
 

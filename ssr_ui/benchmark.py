@@ -85,7 +85,8 @@ def _as_logged(runs: list[dict], configs: dict | None = None) -> list[dict]:
 
 class BenchmarkRuns:
     """The Benchmark tab's handler, over the studio's models (``self.model``, ``self.scorer``), run
-    log, settings (``self.config``) and model lock (``self.claim_model``)."""
+    log, settings (``self.config``), line for the model (``self.line``) and shared-studio rules
+    (``self.vet``, ``self.visitor``)."""
 
     def benchmark(self, dataset: str = "", upload: str | None = None, methods=("baseline", "ssr"), limit=20,
                   repeat=1, sample_seed="", question_field: str = "", answer_field: str = "", task: str = "auto",
@@ -121,6 +122,7 @@ class BenchmarkRuns:
                              f"{' / '.join(BUNDLED_SETS)})")
         source = Source(spec, question_field.strip() or None, answer_field.strip() or None,
                         None if task == "auto" else task, None, int(limit), seed)
+        self.vet(model_name, draft_model, prm)  # a shared studio's list, before any setting is read
         cfg = self.config(model_name, **settings)  # every setting checked before anything is read or loaded
         if set(SSR_FAMILY) & set(methods):
             cfg.check_ssr()
@@ -143,11 +145,16 @@ class BenchmarkRuns:
         if set(SSR_FAMILY) & set(methods):
             lm.require_markers()
         configs = {EXIT: with_exit_probes(cfg, name)} if EXIT in methods else {}  # drafts enough to agree
-        bench = Bench(models, methods, cfg, configs, log=self.log, dataset=label, origin="app")
+        bench = Bench(models, methods, cfg, configs, log=self.log, dataset=label, origin="app",
+                      visitor=self.visitor(job.session))
         settings_used = {m: bench.config(m).to_dict() for m in bench.methods}  # the charts group runs by them
         total = bench.total(problems, int(repeat))
-        for waiting in self.claim_model():
-            yield BenchFrame(progress_html(0, total, waiting))
+        ticket = self.line.ticket()
+        for words in self.line.wait(ticket, lambda: job.cancelled):
+            yield BenchFrame(progress_html(0, total, words))
+        if not ticket.held:
+            yield BenchFrame(progress_html(0, total, "stopped while in line for the model: nothing ran"))
+            return
         runs: list[dict] = []
         try:
             cold = [m for m in bench.methods if not self.is_warm(lm, m, bench.config(m))]
@@ -173,7 +180,7 @@ class BenchmarkRuns:
                     frame.figures = None
                 yield frame
         finally:
-            self._lock.release()
+            self.line.release(ticket)
         if len(runs) < total:
             yield self._bench_frame(runs, total, f"stopped after {len(runs)} of {total} runs (the run in flight "
                                                  "is logged as cancelled)", cfg.greedy, settings_used)

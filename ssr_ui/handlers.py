@@ -5,9 +5,10 @@ the past runs (``ssr_ui.history``) and, here, the streaming ``run`` and ``sweep`
 consume an engine event stream, log it, and yield pane HTML (``ssr_ui.frame.Frame``) at most
 ``UPDATES_PER_S`` times a second.
 
-Limits, each stated in the UI and the API docs: a model loads outside the run lock (other runs go
-on meanwhile) and gives up after ``load_timeout`` seconds; one run at a time uses the model (the
-others wait, saying so); a run stops after ``max_run_s`` seconds; a prompt must fit the model's
+Limits, each stated in the UI and the API docs: a model loads outside the line for the model (other
+runs go on meanwhile) and gives up after ``load_timeout`` seconds; one run at a time uses the model
+(the others wait in arrival order, each told its place: ``ssr_ui.waiting``); a run stops after
+``max_run_s`` seconds; a prompt must fit the model's
 context with the run's budgets (``LoadedModel.check_fits``); every setting is validated
 (``RunConfig.coerce``) before anything runs.
 """
@@ -19,7 +20,6 @@ import dataclasses
 import html
 import logging
 import statistics
-import threading
 import time
 from collections.abc import Iterator
 
@@ -40,8 +40,10 @@ from ssr_ui.benchmark import BenchmarkRuns
 from ssr_ui.frame import Frame
 from ssr_ui.history import PastRuns
 from ssr_ui.jobs import Job, Jobs, claimed
+from ssr_ui.public import Public
 from ssr_ui.render import TraceView, error_html, html_note, metrics_html
 from ssr_ui.shelf import ModelShelf
+from ssr_ui.waiting import ModelLine
 
 log = logging.getLogger(__name__)
 
@@ -75,26 +77,32 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
     def __init__(self, model: str | None = None, db: str = "runs.db", device: str | None = None,
                  draft_model: str = DEFAULT_DRAFT, prm: str = DEFAULT_PRM, load_timeout: float = LOAD_TIMEOUT_S,
                  max_run_s: float = MAX_RUN_S, compile: str = "auto", servers: dict | None = None,
-                 max_cache_gb: float | None = None) -> None:
+                 max_cache_gb: float | None = None, public: Public | None = None) -> None:
         # models on vLLM servers, by name: a Server's fields (app --base-url, --draft-base-url, --prm-base-url)
         ModelShelf.__init__(self, model or "tiny-reasoner", prm, device, load_timeout, servers, max_cache_gb)
         self.compile = RunConfig(compile=compile).compile  # the runs' compiled-steps default (app --compile)
         self.default_draft, self.max_run_s = draft_model, max_run_s
         self.log = RunLog(db)
         self.jobs = Jobs()
-        self._lock = threading.Lock()  # one run on the model at a time
+        self.line = ModelLine()  # one job on the model at a time, the others in line (ssr_ui.waiting)
+        self.public = public or Public()  # a shared studio's rules (ssr_ui.public); off: none
 
-    def claim_model(self) -> Iterator[str]:
-        """Take the model for one job (a run, a comparison, a sweep, a benchmark): at once when it is
-        free, else after yielding the line that says why it waits. The caller releases ``_lock``."""
-        if not self._lock.acquire(blocking=False):
-            yield "waiting for the model: another run is using it…"
-            self._lock.acquire()
+    def visitor(self, session: str | None) -> str | None:
+        """Whose runs a browser or API session sees and logs (None: everyone's, public mode off)."""
+        return self.public.visitor(session)
+
+    def vet(self, model: str | None = None, draft_model: str | None = None, prm: str | None = None) -> None:
+        """On a shared studio, the names a visitor sent must be on the operator's list (one message,
+        whatever the name: ``Public.vet``); before anything reads a path or loads a model."""
+        for field_name, name in (("model", model), ("draft model", draft_model), ("PRM", prm)):
+            self.public.vet(field_name, name)
 
     def config(self, model_name: str, **settings) -> RunConfig:
         """The run's config: the model's recommended settings under what the user set (values as a
         form or an API client sends them; ValueError naming the field and its range when one is
-        not valid, an empty box included: ``engine.config.invalid``)."""
+        not valid, an empty box included: ``engine.config.invalid``). A model not on a shared
+        studio's list is refused first (:meth:`vet`)."""
+        self.vet(model_name)
         model = model_name or self.default_model
         known = run_config(model, {"compile": self.compile}).to_dict()  # what a setting's range depends on
         given = {}
@@ -125,6 +133,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             raise ValueError("type a prompt first")
         if method not in MODES:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(MODES)}")
+        self.vet(model_name, draft_model, prm)
         cfg = self.config(model_name, **settings)
         runs = list(COMPARE_RUNS) if method == "Compare" else [method]
         if any(METHOD_NAMES[name] in SSR_FAMILY for name in runs):
@@ -152,8 +161,13 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 scorer = self.scorer(prm)
             rsd = {"draft": draft_lm, "scorer": scorer, "draft_name": draft_model, "prm_name": prm}
             check_pair(lm, rsd["draft"])  # (models load once, by name: the pair is checked per run)
-        for waiting in self.claim_model():
-            yield Frame.note(waiting)
+        ticket = self.line.ticket()
+        for words in self.line.wait(ticket, lambda: job.cancelled):
+            yield Frame.note(words)
+        if not ticket.held:  # stopped while in line: it leaves the line, nothing ran, nothing is logged
+            stopped = TraceView(phase="stopped", notice="stopped while in line for the model: nothing ran")
+            yield Frame.of(stopped, metrics_html(stopped, method))
+            return
         try:
             deadline = time.perf_counter() + self.max_run_s
             finals = {}
@@ -174,9 +188,9 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 yield from self._stream(lm, prompt, name, cfg, view, rsd, job, deadline, last=name == runs[-1])
                 # a Compare's runs are measured against its own baseline run (the pair its chart shows)
                 pair = finals["Baseline"].view.done if method == "Compare" and "Baseline" in finals else None
-                finals[name] = last = self._frame(view, name, lm, prompt, cfg, final=True, pair=pair)
+                finals[name] = last = self._frame(view, name, lm, prompt, cfg, final=True, pair=pair, job=job)
         finally:
-            self._lock.release()
+            self.line.release(ticket)
         if not finals:  # stopped before anything ran: nothing logged
             yield Frame.of(TraceView(phase="stopped"), metrics_html(TraceView(phase="stopped"), method))
             return
@@ -203,7 +217,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             lm.require_markers()
         rsd = rsd or {}
         meta = RunMeta(method, lm.model_id, prompt, cfg.to_dict(), device=_device(lm), dtype=getattr(lm, "dtype", None),
-                       think_end=_think_end(lm),
+                       think_end=_think_end(lm), visitor=self.visitor(job.session),
                        draft_model=rsd.get("draft_name") if method == "rsd" else None,
                        prm=rsd.get("prm_name") if method == "rsd" else None)
         shown_at = drawn_at = 0.0
@@ -241,12 +255,13 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 f"target rewrote most of them: RSD pays off only where the draft model ({rsd.get('draft_name')}) is "
                 "usually right (the bundled draft knows arithmetic prompts only)")
 
-    def _frame(self, view, name, lm, prompt, cfg, final=False, chart=None, pair=None, timeline=True) -> Frame:
+    def _frame(self, view, name, lm, prompt, cfg, final=False, chart=None, pair=None, timeline=True,
+               job: Job | None = None) -> Frame:
         compare = None
         if final and name != "Baseline":
             try:
-                compare = self.compare_to_baseline(_live_row(view, METHOD_NAMES[name], lm, prompt, cfg), view.done, cfg,
-                                                   pair)
+                row = _live_row(view, METHOD_NAMES[name], lm, prompt, cfg, self.visitor(job.session if job else None))
+                compare = self.compare_to_baseline(row, view.done, cfg, pair)
             except RunLogError as err:
                 view.notice = view.notice or f"history unavailable: {err}"
         return Frame.of(view, metrics_html(view, name, compare), chart, timeline=timeline or final)
@@ -270,8 +285,10 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             out["base_reasoning"] = pair.stats.reasoning_tokens
             base_ids = lambda: pair.reasoning_ids + pair.answer_ids
         else:
-            logged = self.log.runs(limit=200, method="baseline", prompt_hash=run["prompt_hash"], model=run["model"])
-            peers = self.log.runs(limit=200, method="baseline", model=run["model"])  # the flag's peers: any prompt
+            mine = {"visitor": run["visitor"]} if run.get("visitor") else {}  # a shared studio: the visitor's own
+            logged = self.log.runs(limit=200, method="baseline", prompt_hash=run["prompt_hash"], model=run["model"],
+                                   **mine)
+            peers = self.log.runs(limit=200, method="baseline", model=run["model"], **mine)  # the flag's: any prompt
             judged = {r["id"]: r for r in [*peers, *logged]}.values()  # each run once (most are in both)
             rows, pooled = pool(matching_baselines(run, logged), slow_runs(judged), run_time(run))
             out = {"baselines": len(rows), "matched_on": matched_on(run), "pool": pooled}
@@ -333,8 +350,12 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 yield html_note(f"loading {name}… {status}"), None
             lm = self.model(model_name)
             lm.require_markers()  # SSR on a model that does not reason: refused before the baseline runs
-            for waiting in self.claim_model():
-                yield html_note(waiting), None
+            ticket = self.line.ticket()
+            for words in self.line.wait(ticket, lambda: job.cancelled):
+                yield html_note(words), None
+            if not ticket.held:
+                yield html_note("sweep stopped while in line for the model: nothing ran"), None
+                return
             try:
                 if not (self.is_warm(lm, "baseline", configs[0]) and self.is_warm(lm, "ssr", configs[0])):
                     yield html_note("sweep: warming up baseline and SSR once (untimed, not logged)…"), None
@@ -361,7 +382,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                     yield (f'<div class="metrics">sweep: {len(points)} of {len(starts)} points done</div>',
                            charts.sweep_chart(points))
             finally:
-                self._lock.release()
+                self.line.release(ticket)
             if job.cancelled:
                 in_flight = " (the run in flight is logged as cancelled)" if view.phase == "stopped" else ""
                 yield ((f'<div class="metrics">sweep stopped after {len(points)} of {len(starts)} draft '
@@ -401,10 +422,11 @@ def _device(lm) -> str:
     return getattr(lm, "backend", str(lm.device))
 
 
-def _live_row(view: TraceView, method: str, lm, prompt: str, cfg: RunConfig) -> dict:
+def _live_row(view: TraceView, method: str, lm, prompt: str, cfg: RunConfig, visitor: str | None = None) -> dict:
     """The runs-table row a run just streamed into ``view`` is logged as, as far as comparing it
-    needs (``engine.runlog.compare.match_key``); ``ok`` only when it reached its final event."""
-    return {"method": method, "status": "ok" if view.done is not None and view.phase == "done" else "cancelled",
+    needs (``engine.runlog.compare.match_key``, and whose run it is); ``ok`` only when it reached its
+    final event."""
+    return {"method": method, "visitor": visitor, "status": "ok" if view.done is not None and view.phase == "done" else "cancelled",
             "prompt": prompt, "prompt_hash": prompt_hash(prompt), "model": lm.model_id,
             "dtype": getattr(lm, "dtype", None), "device": _device(lm), "config": cfg.to_dict(),
             "step_mode": view.stats.step_mode if view.stats else ""}

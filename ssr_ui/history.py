@@ -21,18 +21,22 @@ class PastRuns:
     """History, export, import and replay over ``self.log`` (a :class:`~engine.runlog.RunLog`);
     a replayed run's ratio to its baselines comes from ``self.compare_to_baseline``, as live."""
 
-    def history(self, method: str = "all", limit: int = 200, dataset: str = "all") -> list[dict]:
+    def history(self, method: str = "all", limit: int = 200, dataset: str = "all", visitor: str | None = None) -> list[dict]:
         """Newest runs first, of ``method`` and ``dataset`` ("all": any), each with ``flag``: why
-        its timing is an outlier for its kind, or "" (``engine.runlog.compare.slow_runs``)."""
+        its timing is an outlier for its kind, or "" (``engine.runlog.compare.slow_runs``).
+        ``visitor``: that visitor's runs only (a shared studio); None: every run."""
         filters = {k: v for k, v in (("method", method), ("dataset", dataset)) if v not in ("", "all", None)}
+        if visitor is not None:
+            filters["visitor"] = visitor
         rows = self.log.runs(limit=limit, **filters)
         slow = slow_runs(rows)
         return [{**r, "flag": slow.get(r["id"], "")} for r in rows]
 
-    def export(self, run_id: int | None, kind: str, method: str = "all", dataset: str = "all") -> str:
+    def export(self, run_id: int | None, kind: str, method: str = "all", dataset: str = "all",
+               visitor: str | None = None) -> str:
         """Write run ``run_id`` (``kind`` "json" or "html") or the runs table ("csv", the runs of
         ``method`` and ``dataset`` as History's filters show them) to a file in a temporary folder;
-        returns its path."""
+        returns its path. ``visitor``: only that visitor's runs (another's id is refused as unknown)."""
         import tempfile
 
         from ssr_ui.export import run_to_html, run_to_json, runs_to_csv
@@ -40,10 +44,12 @@ class PastRuns:
         folder = Path(tempfile.mkdtemp(prefix="ssr-studio-"))
         if kind == "csv":
             path = folder / ("runs.csv" if method in ("", "all", None) else f"runs-{method}.csv")
-            path.write_text(runs_to_csv(self.history(method, limit=100_000, dataset=dataset)), encoding="utf-8")
+            path.write_text(runs_to_csv(self.history(method, limit=100_000, dataset=dataset, visitor=visitor)),
+                            encoding="utf-8")
             return str(path)
         run_id = _run_id(run_id)
-        row, events = self.log.run(run_id), self.log.events(run_id)
+        row = self.log.run(run_id, visitor)
+        events = self.log.events(run_id)
         if kind == "json":
             text = run_to_json(row, events)
         elif kind == "html":
@@ -69,10 +75,11 @@ class PastRuns:
         row, events = run_from_json(text)
         return self._past(row, events)
 
-    def replay(self, run_id) -> Frame:
-        """Re-render a past run from its logged events."""
+    def replay(self, run_id, visitor: str | None = None) -> Frame:
+        """Re-render a past run from its logged events (``visitor``: only that visitor's runs)."""
         run_id = _run_id(run_id)
-        return self._past(self.log.run(run_id), self.log.events(run_id))
+        row = self.log.run(run_id, visitor)
+        return self._past(row, self.log.events(run_id))
 
     def _past(self, row: dict, events: list) -> Frame:
         """A logged or imported run as the Run tab showed it: panes, every metric, the vs-baseline

@@ -39,13 +39,15 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from engine.events import DoneEvent
 
 REMEMBERED = 10_000  # job ids kept to refuse a restart; old ones are forgotten first
+STALE_S = 120.0  # a bounded job joined this long ago that never started (its client left before its turn): not counted
 
 
 CANCELLED, ALREADY_FINISHED, NOT_FOUND = "cancelled", "already finished", "not found"  # the cancel replies
@@ -60,6 +62,8 @@ class Job:
     session: str | None
     cancel: threading.Event = field(default_factory=threading.Event)
     state: str = "queued"
+    bounded: bool = False  # a run, sweep or benchmark admitted under public mode's bounds (:class:`Bounds`)
+    joined_at: float = field(default_factory=time.monotonic)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -118,6 +122,18 @@ def claimed(events, job: Job, last: bool):
         raise
 
 
+@dataclass
+class Bounds:
+    """Public mode's bounds on the jobs that use the model (runs, sweeps, benchmarks: the events
+    ``fns``, by Gradio's function index): one in flight per visitor (browser or API session), at
+    most ``max_jobs`` in all. ``eta(n)``: seconds until ``n`` jobs ahead have had the model (None:
+    no estimate yet), for the refusal's "try again in"."""
+
+    fns: frozenset[int]
+    max_jobs: int
+    eta: Callable[[int], float | None] = lambda n: None
+
+
 def current_event_id() -> str | None:
     """The Gradio event id of the job this handler is running (None outside a Gradio queue)."""
     from gradio.context import LocalContext
@@ -132,6 +148,8 @@ class Jobs:
         self._started: set[str] = set()
         self._joining: dict[str | None, int] = {}  # per session: join requests not yet answered
         self._pending: dict[str | None, int] = {}  # per session: id-less cancels for those joins
+        self.bounds: Bounds | None = None  # public mode's (set once the app is built); None: no bounds
+        self._admitted: dict[str | None, int] = {}  # per session: bounded joins admitted, not yet answered
 
     def _job(self, event_id: str, session: str | None = None) -> Job:
         job = self._jobs.get(event_id)
@@ -166,13 +184,49 @@ class Jobs:
         with self._lock:
             self._joining[session] = self._joining.get(session, 0) + 1
 
-    def joined(self, event_id: str | None, session: str | None) -> None:
-        """The reply to a join request: the job (if any) entered the queue."""
+    def admit(self, session: str | None, fn_index) -> str | None:
+        """A join of ``session`` for Gradio function ``fn_index``, before it reaches the queue: under
+        :attr:`bounds`, a job that uses the model is refused (the reason, for the visitor) when its
+        visitor has one in flight already or ``max_jobs`` are in flight in all; else admitted (None),
+        and counted from here on. Nothing is bounded without bounds, or for other functions."""
+        bounds = self.bounds
+        if bounds is None or fn_index not in bounds.fns:
+            return None
+        with self._lock:
+            if self._in_flight(session, every=False):
+                return ("you have a run, sweep or benchmark in flight already (one at a time on this shared "
+                        "studio): wait for it to end, or press Stop, then run again")
+            total = self._in_flight(None, every=True)
+            if total >= bounds.max_jobs:
+                eta = bounds.eta(total)
+                when = f"in about {max(5, round(eta))} s" if eta is not None else "in a minute"
+                return (f"the studio is busy: {total} runs are in line for its one model (at most "
+                        f"{bounds.max_jobs} on this shared studio); try again {when}")
+            self._admitted[session] = self._admitted.get(session, 0) + 1
+            return None
+
+    def _in_flight(self, session: str | None, every: bool) -> int:
+        """Bounded jobs of ``session`` (``every``: of every session) admitted and not ended: joins
+        still unanswered, jobs running, and jobs queued less than :data:`STALE_S` ago."""
+        now = time.monotonic()
+        admitted = sum(n for s, n in self._admitted.items() if every or s == session)
+        return admitted + sum(1 for j in self._jobs.values()
+                              if j.bounded and (every or j.session == session) and not (j.finished or j.cancelled)
+                              and (j.state == "running" or now - j.joined_at < STALE_S))
+
+    def joined(self, event_id: str | None, session: str | None, admitted: bool = False) -> None:
+        """The reply to a join request: the job (if any) entered the queue (``admitted``: under
+        :meth:`admit`'s bounds, counted from here on as the job)."""
         with self._lock:
             self._joining[session] = max(self._joining.get(session, 0) - 1, 0)
+            if admitted:
+                self._admitted[session] = max(self._admitted.get(session, 0) - 1, 0)
+                if not self._admitted[session]:
+                    del self._admitted[session]
             if not event_id:
                 return
             job = self._job(event_id, session)
+            job.bounded = job.bounded or admitted
             if self._pending.get(session):
                 self._pending[session] -= 1
                 job.request_cancel()
@@ -236,14 +290,17 @@ class CancelRoute:
         event_id = body.get("event_id") if isinstance(body.get("event_id"), str) else None
         status, event_id = self.jobs.cancel(event_id or None, body.get("session_hash"))
         # Gradio's own reply is {"success": true}; ours also says what happened to the job
-        payload = json.dumps({"success": status != NOT_FOUND, "status": status, "event_id": event_id}).encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
-        await send({"type": "http.response.body", "body": payload})
+        await _reply(send, 200, {"success": status != NOT_FOUND, "status": status, "event_id": event_id})
 
     async def _join(self, scope, receive, send) -> None:
         raw = await _read(receive)
-        session = json_object(raw).get("session_hash")
+        body = json_object(raw)
+        session = body.get("session_hash")
+        refused = self.jobs.admit(session, body.get("fn_index"))
+        if refused:  # as Gradio refuses a join to a full queue: 503 and the reason, which its clients show
+            await _reply(send, 503, {"detail": refused})
+            return
+        admitted = self.jobs.bounds is not None and body.get("fn_index") in self.jobs.bounds.fns
         self.jobs.joining(session)
         reply, answered = b"", False
 
@@ -257,14 +314,21 @@ class CancelRoute:
                 if not message.get("more_body"):
                     event_id = json_object(reply).get("event_id")
                     answered = True
-                    self.jobs.joined(event_id if isinstance(event_id, str) else None, session)
+                    self.jobs.joined(event_id if isinstance(event_id, str) else None, session, admitted)
             await send(message)
 
         try:
             await self.app(scope, replay, watch)
         finally:
             if not answered:  # the join failed before replying: it is no longer in flight
-                self.jobs.joined(None, session)
+                self.jobs.joined(None, session, admitted)
+
+
+async def _reply(send, status: int, doc: dict) -> None:
+    payload = json.dumps(doc).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
 
 
 async def _read(receive) -> bytes:

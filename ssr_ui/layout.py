@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import html
-from functools import partial
 
 import gradio as gr
 
@@ -36,7 +35,7 @@ from ssr_ui.benchmark import BENCH_METHODS, RUN_COLUMNS
 from ssr_ui.benchmark import MAX_ROWS as BENCH_MAX_ROWS
 from ssr_ui.frame import where_time_goes
 from ssr_ui.handlers import COMPARE_SHOWS, EXIT_MODE, MODES, Studio
-from ssr_ui.jobs import current_event_id
+from ssr_ui.jobs import Bounds, current_event_id
 from ssr_ui.render import LEGEND, TraceView, error_html, prompt_html
 from ssr_ui.timeline import TIMELINE_JS, X_MODES
 
@@ -138,9 +137,11 @@ def build_app(studio: Studio) -> gr.Blocks:
                     prompt = gr.Textbox(label="Prompt", lines=4, placeholder="Ask the reasoning model something")
                 with gr.Column(scale=2):
                     method = gr.Radio(list(MODES), value="SSR", label="Method", elem_id="method")
-                    model = gr.Dropdown(model_choices(studio.default_model), value=studio.default_model,
-                                        label="Model", allow_custom_value=True, elem_id="model",
-                                        info="bundled, an installed real model, a preset, or type a local folder, "
+                    model = gr.Dropdown(studio.public.choices(model_choices(studio.default_model)),
+                                        value=studio.default_model, label="Model", elem_id="model",
+                                        allow_custom_value=not studio.public.on,
+                                        info="the models this shared studio offers" if studio.public.on else
+                                             "bundled, an installed real model, a preset, or type a local folder, "
                                              "a Hub id, a .gguf file or HUB_ID:FILE.gguf")
                     with gr.Row():
                         run_btn = gr.Button("Run", variant="primary")
@@ -359,6 +360,10 @@ def build_app(studio: Studio) -> gr.Blocks:
                         "exact_route": exact_route, "draft_confidence": draft_confidence, "compile": compile_steps,
                         "exit_k": exit_k, "exit_min_think": exit_min_think, "exit_confidence": exit_confidence}
         models = {"draft_model": "", "prm": ""}  # not RunConfig fields: "" means the studio's default
+        # the jobs that use the model: on a shared studio every admitted one enters its handler at once, to be
+        # told its place in the model's line (ssr_ui.waiting); the bounds refuse the rest when they join
+        model_jobs = (dict(concurrency_limit=studio.public.max_jobs, concurrency_id="model") if studio.public.on
+                      else dict(concurrency_limit=RUN_CONCURRENCY))
 
         @on_gpu
         @_api_signature(cfg, run_settings, models)
@@ -389,7 +394,7 @@ def build_app(studio: Studio) -> gr.Blocks:
             run, [prompt, method, model, *run_settings.values()],
             [reasoning_pane, draft_pane, answer_pane, metrics, chart, last_view, draft_pick, last_runs, run_pick,
              timeline],
-            api_name="run", concurrency_limit=RUN_CONCURRENCY, show_progress="minimal", show_progress_on=[metrics])
+            api_name="run", **model_jobs, show_progress="minimal", show_progress_on=[metrics])
         # a live run draws its timeline by time; once it ends, the x axis picked is honoured
         run_event.then(lambda view, x: gr.skip() if x == "time" or view is None else where_time_goes(view, x),
                        [last_view, tl_x], [timeline], **PRIVATE)
@@ -437,7 +442,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                                                 last_view], queue=False, **PRIVATE)
         sweep_event = sweep_btn.click(busy, None, buttons, queue=False, **PRIVATE).then(
             sweep, [prompt, model, sweep_from, sweep_to, sweep_step, *sweep_settings.values()],
-            [sweep_status, sweep_plot], api_name="sweep", concurrency_limit=RUN_CONCURRENCY,
+            [sweep_status, sweep_plot], api_name="sweep", **model_jobs,
             show_progress="minimal", show_progress_on=[sweep_status])
 
         @on_gpu
@@ -459,7 +464,7 @@ def build_app(studio: Studio) -> gr.Blocks:
             benchmark, [b_dataset, b_upload, b_methods, b_limit, b_repeat, b_sample, b_task, b_qfield, b_afield, model,
                         *run_settings.values()],
             [b_status, b_summary, b_runs, b_accuracy, b_latency, b_tokens, b_acceptance, b_exit], api_name="benchmark",
-            concurrency_limit=RUN_CONCURRENCY, show_progress="minimal", show_progress_on=[b_status])
+            **model_jobs, show_progress="minimal", show_progress_on=[b_status])
         bench_stop.click(stop, None, None, queue=False, **PRIVATE)
 
         def think_changed(think, start):
@@ -512,10 +517,11 @@ def build_app(studio: Studio) -> gr.Blocks:
             done_typing(think_changed, [max_think, draft_start], [draft_start], **PRIVATE)
 
         # ------------------------------------------------------------------ wiring: history
-        def load_history(method_name, dataset_name="all", leave_out_slow=True):
+        def load_history(request: gr.Request, method_name, dataset_name="all", leave_out_slow=True):
+            visitor = studio.visitor(request.session_hash)  # a shared studio: this visitor's runs alone
             try:
-                rows = studio.history(method_name, dataset=dataset_name)
-                names = studio.log.datasets()
+                rows = studio.history(method_name, dataset=dataset_name, visitor=visitor)
+                names = studio.log.datasets(visitor)
             except RunLogError as err:  # the log cannot be read now: keep what History shows, and say why
                 gr.Warning(f"History not refreshed: {err}")
                 return tuple(gr.update() for _ in history_outputs)
@@ -555,19 +561,21 @@ def build_app(studio: Studio) -> gr.Blocks:
                     where_time_goes(frame.view, x), frame.view)
 
         past_outputs = [h_prompt, h_metrics, h_reasoning, h_draft, h_answer, h_timeline, h_view]
-        def replay(rid, x="time"):
-            return past_run(lambda: studio.replay(rid), x)
+        def replay(request: gr.Request, rid, x="time"):
+            return past_run(lambda: studio.replay(rid, studio.visitor(request.session_hash)), x)
 
         show.click(replay, [run_id, h_tl_x], past_outputs, api_name="replay")
 
-        def do_export(rid, method_name, dataset_name, kind):
-            try:
-                return studio.export(rid, kind, method_name, dataset_name), ""
-            except ValueError as err:
-                return None, error_html(str(err))
+        def exporter(kind):
+            def do_export(request: gr.Request, rid, method_name, dataset_name):
+                try:
+                    return studio.export(rid, kind, method_name, dataset_name, studio.visitor(request.session_hash)), ""
+                except ValueError as err:
+                    return None, error_html(str(err))
+            return do_export
 
         for button, kind in ((export_json, "json"), (export_html, "html"), (export_csv, "csv")):
-            button.click(partial(do_export, kind=kind), [run_id, method_filter, dataset_filter], [exported, h_metrics],
+            button.click(exporter(kind), [run_id, method_filter, dataset_filter], [exported, h_metrics],
                          **PRIVATE)
 
         def do_import(path, x):
@@ -576,6 +584,9 @@ def build_app(studio: Studio) -> gr.Blocks:
             return past_run(lambda: studio.import_trace(path), x)
 
         imported.change(do_import, [imported, h_tl_x], past_outputs, **PRIVATE)
+    if studio.public.on:  # one job per visitor, max_jobs in all, refused when they join (ssr_ui.jobs.CancelRoute)
+        fns = frozenset(i for i, fn in demo.fns.items() if fn.api_name in ("run", "sweep", "benchmark"))
+        studio.jobs.bounds = Bounds(fns, studio.public.max_jobs, studio.line.eta)
     return demo
 
 

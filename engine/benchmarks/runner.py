@@ -28,7 +28,8 @@ Watch = Callable[[str, Event], None]
 @dataclass
 class Bench:
     """``models``: ``target`` (and RSD's ``draft``, ``scorer``, ``prm_name``); ``dataset``: the
-    label runs are logged under; ``origin``: "bench" or "app"."""
+    label runs are logged under; ``origin``: "bench" or "app"; ``visitor``: whose runs they are on a
+    shared studio (``RunMeta.visitor``)."""
 
     models: dict
     methods: list[str]
@@ -39,6 +40,7 @@ class Bench:
     dataset: str | None = None
     origin: str = "bench"
     watch: Watch | None = None
+    visitor: str | None = None
 
     def __post_init__(self) -> None:
         self.methods = sorted(dict.fromkeys(self.methods), key=lambda m: m != "baseline")
@@ -95,7 +97,7 @@ class Bench:
         meta = RunMeta(method, lm.model_id, problem.prompt, self.config(method).to_dict(), prompt_id=problem.id, grade=grade,
                        draft_model=models["draft"].model_id if rsd and method != "target" else None,
                        prm=models.get("prm_name") if method == "rsd" else None, reference=problem.reference,
-                       origin=self.origin, device=getattr(lm, "backend", str(lm.device)), dtype=lm.dtype,
+                       origin=self.origin, visitor=self.visitor, device=getattr(lm, "backend", str(lm.device)), dtype=lm.dtype,
                        think_end=lm.markers.close_text if lm.markers else None,
                        dataset=self.dataset)
         stream = self._decode(method)(problem.prompt, self.config(method))

@@ -9,7 +9,7 @@ import sqlite_utils
 
 from engine.events import RunStats
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 
 def _migrate_1(db: sqlite_utils.Database) -> None:
@@ -95,9 +95,16 @@ def _migrate_12(db: sqlite_utils.Database) -> None:
     _add_columns(db["runs"], _stats_columns())
 
 
+def _migrate_13(db: sqlite_utils.Database) -> None:
+    """Version 13 (a shared studio): whose run it is, as an opaque visitor key (``ssr_ui.public``);
+    null for runs of a studio not in public mode, and for every run logged before."""
+    _add_columns(db["runs"], {"visitor": str})
+    db["runs"].create_index(["visitor"], if_not_exists=True)
+
+
 MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6, 7: _migrate_7,
               8: _migrate_8, 9: _migrate_9, 10: _migrate_10, 11: _migrate_11,
-              12: _migrate_12}
+              12: _migrate_12, 13: _migrate_13}
 
 
 def _stats_columns() -> dict:
@@ -107,14 +114,14 @@ def _stats_columns() -> dict:
 
 EVENT_COLUMNS = ("run_id", "seq", "kind", "stream", "status", "token_id", "text", "position", "draft", "source",
                  "match_len", "t", "phase", "at_token", "reward", "accepted", "confidence", "work")
-INDEXES = {("method",), ("prompt_hash",), ("dataset",)}
+INDEXES = {("method",), ("prompt_hash",), ("dataset",), ("visitor",)}
 
 
 def expected_run_columns() -> set[str]:
     """Every column this version writes into ``runs``."""
     base = {"id", "created_at", "method", "model", "prompt", "prompt_hash", "config", "status", "error", "draft_model",
             "prm", "prompt_id", "reference", "correct", "origin", "device", "versions", "reasoning_text", "answer_text",
-            "dtype", "think_end", "dataset"}
+            "dtype", "think_end", "dataset", "visitor"}
     return base | set(_stats_columns())
 
 

@@ -73,6 +73,7 @@ class RunMeta:
     dtype: str | None = None  # the target's precision, e.g. "float32"
     think_end: str | None = None  # the text of the model's end-of-thinking marker
     dataset: str | None = None  # the benchmark the prompt came from (a file's name, or a Hub dataset)
+    visitor: str | None = None  # whose run it is on a shared studio (an opaque key); None: nobody's in particular
 
 
 def prompt_hash(prompt: str) -> str:
@@ -233,7 +234,7 @@ class RunLog:
             "prompt": meta.prompt, "prompt_hash": prompt_hash(meta.prompt), "prompt_id": meta.prompt_id,
             "reference": meta.reference, "correct": None if correct is None else int(correct),
             "origin": meta.origin, "device": meta.device, "dtype": meta.dtype, "think_end": meta.think_end,
-            "dataset": meta.dataset, "config": json.dumps(meta.config, sort_keys=True),
+            "dataset": meta.dataset, "visitor": meta.visitor, "config": json.dumps(meta.config, sort_keys=True),
             "status": status, "error": error, "versions": json.dumps(library_versions()),
             "reasoning_text": done.reasoning_text if done else stream_text(events, "reasoning"),
             "answer_text": done.answer_text if done else stream_text(events, "answer"),
@@ -261,18 +262,25 @@ class RunLog:
         with self._db() as db:
             return list(db["runs"].rows_where(where, equals, order_by="id desc", limit=limit))
 
-    def run(self, run_id: int) -> dict:
+    def run(self, run_id: int, visitor: str | None = None) -> dict:
+        """The run's row. With ``visitor``, only that visitor's run: another's is refused with the
+        very words a run id that does not exist gets."""
         with self._db() as db:
             try:
-                return db["runs"].get(run_id)
+                row = db["runs"].get(run_id)
             except sqlite_utils.db.NotFoundError:
-                raise ValueError(f"no run with id {run_id} in {self.path}") from None
+                row = None
+        if row is None or (visitor is not None and row.get("visitor") != visitor):
+            raise ValueError(f"no run with id {run_id} in {self.path}")
+        return row
 
-    def datasets(self) -> list[str]:
-        """The datasets runs were logged under, the most recently used first."""
+    def datasets(self, visitor: str | None = None) -> list[str]:
+        """The datasets runs were logged under (``visitor``'s runs only, if given), the most recently
+        used first."""
+        mine = "" if visitor is None else " and visitor = ?"
         with self._db() as db:
-            return [r[0] for r in db.execute("select dataset from runs where dataset is not null "
-                                             "group by dataset order by max(id) desc")]
+            return [r[0] for r in db.execute(f"select dataset from runs where dataset is not null{mine} "
+                                             "group by dataset order by max(id) desc", [] if visitor is None else [visitor])]
 
     def columns(self) -> list[str]:
         with self._db() as db:
