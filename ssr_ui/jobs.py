@@ -47,7 +47,9 @@ from dataclasses import dataclass, field
 from engine.events import DoneEvent
 
 REMEMBERED = 10_000  # job ids kept to refuse a restart; old ones are forgotten first
-STALE_S = 120.0  # a bounded job joined this long ago that never started (its client left before its turn): not counted
+# a bounded job joined this long ago that never started is not counted: its handler never ran (Gradio refused its
+# input first) or its client left before its turn; admitted jobs enter their handlers at once (ssr_ui.layout)
+STALE_S = 30.0
 
 
 CANCELLED, ALREADY_FINISHED, NOT_FOUND = "cancelled", "already finished", "not found"  # the cancel replies
@@ -297,8 +299,10 @@ class CancelRoute:
         body = json_object(raw)
         session = body.get("session_hash")
         refused = self.jobs.admit(session, body.get("fn_index"))
-        if refused:  # as Gradio refuses a join to a full queue: 503 and the reason, which its clients show
-            await _reply(send, 503, {"detail": refused})
+        if refused:  # refused before the queue, in the shape of Gradio's own refusal of a value (422, "validate"):
+            # the one its clients pass on word for word (a 503 would read "Queue is full! Please try again.")
+            await _reply(send, 422, {"detail": [{"__type__": "validate", "is_valid": False, "parameter_name": "run",
+                                                 "message": refused}]})
             return
         admitted = self.jobs.bounds is not None and body.get("fn_index") in self.jobs.bounds.fns
         self.jobs.joining(session)

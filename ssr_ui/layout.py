@@ -137,12 +137,12 @@ def build_app(studio: Studio) -> gr.Blocks:
                     prompt = gr.Textbox(label="Prompt", lines=4, placeholder="Ask the reasoning model something")
                 with gr.Column(scale=2):
                     method = gr.Radio(list(MODES), value="SSR", label="Method", elem_id="method")
-                    model = gr.Dropdown(studio.public.choices(model_choices(studio.default_model)),
+                    model = _as_sent(gr.Dropdown(studio.public.choices(model_choices(studio.default_model)),
                                         value=studio.default_model, label="Model", elem_id="model",
                                         allow_custom_value=not studio.public.on,
                                         info="the models this shared studio offers" if studio.public.on else
                                              "bundled, an installed real model, a preset, or type a local folder, "
-                                             "a Hub id, a .gguf file or HUB_ID:FILE.gguf")
+                                             "a Hub id, a .gguf file or HUB_ID:FILE.gguf"))  # a shared studio's vet names it
                     with gr.Row():
                         run_btn = gr.Button("Run", variant="primary")
                         stop_btn = gr.Button("Stop", variant="stop", interactive=False, elem_id="stop")
@@ -584,6 +584,11 @@ def build_app(studio: Studio) -> gr.Blocks:
             return past_run(lambda: studio.import_trace(path), x)
 
         imported.change(do_import, [imported, h_tl_x], past_outputs, **PRIVATE)
+        if studio.public.on:  # a visitor who leaves (tab closed, client gone: Gradio's heartbeat ends) leaves the line
+            def gone(request: gr.Request):
+                studio.jobs.cancel_session(request.session_hash)
+
+            demo.unload(gone)
     if studio.public.on:  # one job per visitor, max_jobs in all, refused when they join (ssr_ui.jobs.CancelRoute)
         fns = frozenset(i for i, fn in demo.fns.items() if fn.api_name in ("run", "sweep", "benchmark"))
         studio.jobs.bounds = Bounds(fns, studio.public.max_jobs, studio.line.eta)

@@ -97,7 +97,7 @@ def test_a_path_or_unlisted_hub_id_is_refused_the_same_whether_it_exists_or_not(
     assert len(set(messages.values())) == 1, messages
     assert "not offered on this shared studio" in next(iter(messages.values()))
     assert studio.history() == []  # nothing ran, nothing logged
-    frames = list(studio.benchmark("arithmetic", limit=1, job=Job(None, "s"), **{field: "/etc"}, **SMALL))
+    frames = list(studio.benchmark("bundled-arithmetic", limit=1, job=Job(None, "s"), **{field: "/etc"}, **SMALL))
     assert "not offered on this shared studio" in frames[-1].status
     if field == "model_name":
         out = list(studio.sweep("p", "/etc", 0, 4, 4, job=Job(None, "s"), **SMALL))
