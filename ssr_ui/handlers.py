@@ -165,8 +165,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         for words in self.line.wait(ticket, lambda: job.cancelled):
             yield Frame.note(words)
         if not ticket.held:  # stopped while in line: it leaves the line, nothing ran, nothing is logged
-            stopped = TraceView(phase="stopped", notice="stopped while in line for the model: nothing ran")
-            yield Frame.of(stopped, metrics_html(stopped, method))
+            yield Frame.of(TraceView(phase="stopped"), html_note("stopped while in line for the model: nothing ran"))
             return
         try:
             deadline = time.perf_counter() + self.max_run_s
