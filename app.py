@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     if public.on:
         print(f"public mode: each visitor sees their own runs; models offered: {', '.join(public.models)}; "
               f"at most {public.max_jobs} jobs in flight, one per visitor", file=sys.stderr)
-    demo.queue(default_concurrency_limit=1, max_size=QUEUE_MAX if public.on else None).launch(
+    # a shared studio: every call goes through the queue (and so through its bounds), none around it
+    demo.queue(default_concurrency_limit=1, max_size=QUEUE_MAX if public.on else None,
+               api_open=not public.on).launch(
         server_name=args.host, server_port=args.port, share=args.share, css=CSS, max_file_size=MAX_TRACE_BYTES,
         app_kwargs={"middleware": [Middleware(CancelRoute, jobs=studio.jobs)]})  # per-job cancel (ssr_ui/jobs.py)
 

@@ -85,7 +85,7 @@ def _as_logged(runs: list[dict], configs: dict | None = None) -> list[dict]:
 
 class BenchmarkRuns:
     """The Benchmark tab's handler, over the studio's models (``self.model``, ``self.scorer``), run
-    log, settings (``self.config``), line for the model (``self.line``) and shared-studio rules
+    log, settings (``self.config``), line for the model (``self.in_line``, ``self.line``) and shared-studio rules
     (``self.vet``, ``self.visitor``)."""
 
     def benchmark(self, dataset: str = "", upload: str | None = None, methods=("baseline", "ssr"), limit=20,
@@ -149,9 +149,7 @@ class BenchmarkRuns:
                       visitor=self.visitor(job.session))
         settings_used = {m: bench.config(m).to_dict() for m in bench.methods}  # the charts group runs by them
         total = bench.total(problems, int(repeat))
-        ticket = self.line.ticket()
-        for words in self.line.wait(ticket, lambda: job.cancelled):
-            yield BenchFrame(progress_html(0, total, words))
+        ticket = yield from self.in_line(job, lambda words: BenchFrame(progress_html(0, total, words)))
         if not ticket.held:
             yield BenchFrame(progress_html(0, total, "stopped while in line for the model: nothing ran"))
             return

@@ -43,7 +43,7 @@ from ssr_ui.jobs import Job, Jobs, claimed
 from ssr_ui.public import Public
 from ssr_ui.render import TraceView, error_html, html_note, metrics_html
 from ssr_ui.shelf import ModelShelf
-from ssr_ui.waiting import ModelLine
+from ssr_ui.waiting import ModelLine, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,14 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
     def visitor(self, session: str | None) -> str | None:
         """Whose runs a browser or API session sees and logs (None: everyone's, public mode off)."""
         return self.public.visitor(session)
+
+    def in_line(self, job: Job, note) -> Iterator:
+        """Wait for the model in its line (``ssr_ui.waiting``), yielding ``note(status)`` meanwhile;
+        returns the ticket: held (the caller releases it), or not when the job was stopped in line."""
+        ticket = Ticket()
+        for words in self.line.wait(ticket, lambda: job.cancelled):
+            yield note(words)
+        return ticket
 
     def vet(self, model: str | None = None, draft_model: str | None = None, prm: str | None = None) -> None:
         """On a shared studio, the names a visitor sent must be on the operator's list (one message,
@@ -161,9 +169,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 scorer = self.scorer(prm)
             rsd = {"draft": draft_lm, "scorer": scorer, "draft_name": draft_model, "prm_name": prm}
             check_pair(lm, rsd["draft"])  # (models load once, by name: the pair is checked per run)
-        ticket = self.line.ticket()
-        for words in self.line.wait(ticket, lambda: job.cancelled):
-            yield Frame.note(words)
+        ticket = yield from self.in_line(job, Frame.note)
         if not ticket.held:  # stopped while in line: it leaves the line, nothing ran, nothing is logged
             yield Frame.of(TraceView(phase="stopped"), html_note("stopped while in line for the model: nothing ran"))
             return
@@ -284,7 +290,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             out["base_reasoning"] = pair.stats.reasoning_tokens
             base_ids = lambda: pair.reasoning_ids + pair.answer_ids
         else:
-            mine = {"visitor": run["visitor"]} if run.get("visitor") else {}  # a shared studio: the visitor's own
+            mine = {"visitor": run.get("visitor")} if self.public.on else {}  # a shared studio: the visitor's own
             logged = self.log.runs(limit=200, method="baseline", prompt_hash=run["prompt_hash"], model=run["model"],
                                    **mine)
             peers = self.log.runs(limit=200, method="baseline", model=run["model"], **mine)  # the flag's: any prompt
@@ -349,9 +355,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 yield html_note(f"loading {name}… {status}"), None
             lm = self.model(model_name)
             lm.require_markers()  # SSR on a model that does not reason: refused before the baseline runs
-            ticket = self.line.ticket()
-            for words in self.line.wait(ticket, lambda: job.cancelled):
-                yield html_note(words), None
+            ticket = yield from self.in_line(job, lambda words: (html_note(words), None))
             if not ticket.held:
                 yield html_note("sweep stopped while in line for the model: nothing ran"), None
                 return

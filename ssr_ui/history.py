@@ -53,15 +53,16 @@ class PastRuns:
         if kind == "json":
             text = run_to_json(row, events)
         elif kind == "html":
-            text = run_to_html(row, events, CSS, self._past(row, events).metrics)
+            text = run_to_html(row, events, CSS, self._past(row, events, visitor).metrics)
         else:
             raise ValueError(f"unknown export format {kind!r}")
         path = folder / f"run-{int(run_id)}.{kind}"
         path.write_text(text, encoding="utf-8")
         return str(path)
 
-    def import_trace(self, path: str) -> Frame:
-        """Render a JSON trace file exported from any studio."""
+    def import_trace(self, path: str, visitor: str | None = None) -> Frame:
+        """Render a JSON trace file exported from any studio (compared with ``visitor``'s baselines
+        on a shared studio, never with the visitor the file names)."""
         from ssr_ui.export import MAX_TRACE_BYTES, run_from_json
 
         try:
@@ -73,15 +74,15 @@ class PastRuns:
         except (OSError, UnicodeDecodeError) as err:
             raise ValueError(f"cannot read {Path(path).name}: {err}") from None
         row, events = run_from_json(text)
-        return self._past(row, events)
+        return self._past(row, events, visitor)
 
     def replay(self, run_id, visitor: str | None = None) -> Frame:
         """Re-render a past run from its logged events (``visitor``: only that visitor's runs)."""
         run_id = _run_id(run_id)
         row = self.log.run(run_id, visitor)
-        return self._past(row, self.log.events(run_id))
+        return self._past(row, self.log.events(run_id), visitor)
 
-    def _past(self, row: dict, events: list) -> Frame:
+    def _past(self, row: dict, events: list, visitor: str | None = None) -> Frame:
         """A logged or imported run as the Run tab showed it: panes, every metric, the vs-baseline
         ratio (a run that did not finish gets none: ``engine.runlog.compare``)."""
         view = logged_view(row, events)
@@ -94,7 +95,7 @@ class PastRuns:
             except ValueError:  # logged under older, wider ranges (a threshold of 5): shown, not compared
                 cfg = None
             if cfg is not None:
-                run = {**row, "prompt_hash": prompt_hash(row["prompt"])}
+                run = {**row, "prompt_hash": prompt_hash(row["prompt"]), "visitor": visitor}  # whoever asks, not the row
                 compare = self.compare_to_baseline(run, _Done(view.stats, row.get("answer_text") or ""), cfg)
         frame = Frame.of(view, metrics_html(view, str(row.get("method", "?")), compare))
         return dataclasses.replace(frame, prompt=str(row.get("prompt", "")))

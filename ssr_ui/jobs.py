@@ -55,6 +55,10 @@ STALE_S = 30.0
 CANCELLED, ALREADY_FINISHED, NOT_FOUND = "cancelled", "already finished", "not found"  # the cancel replies
 
 
+class Refused(ValueError):
+    """A job over public mode's bounds (:class:`Bounds`); the message says which, and when to retry."""
+
+
 @dataclass
 class Job:
     """One submitted job: ``queued`` -> ``running`` -> ``finished``, or ``cancelled`` from either of
@@ -66,6 +70,9 @@ class Job:
     state: str = "queued"
     bounded: bool = False  # a run, sweep or benchmark admitted under public mode's bounds (:class:`Bounds`)
     joined_at: float = field(default_factory=time.monotonic)
+    started: bool = False  # its handler began
+    ended: bool = False  # its handler returned (a cancelled job counts against the bounds until then)
+    reserved: bool = False  # it started before its join's reply came back, and took the join's reservation
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -105,6 +112,7 @@ class Job:
 
     def _begin(self) -> None:
         with self._lock:
+            self.started = True
             if self.state == "queued":
                 self.state = "running"
 
@@ -133,7 +141,7 @@ class Bounds:
 
     fns: frozenset[int]
     max_jobs: int
-    eta: Callable[[int], float | None] = lambda n: None
+    eta: Callable[[int], float | None]
 
 
 def current_event_id() -> str | None:
@@ -170,14 +178,25 @@ class Jobs:
             return self._jobs.get(event_id)
 
     def start(self, event_id: str | None, session: str | None) -> Job | None:
-        """The job about to run, or None if it already started once (Gradio restarting it)."""
+        """The job about to run, or None if it already started once (Gradio restarting it). Under
+        :attr:`bounds`, a job that was not admitted when it joined (a route that bypasses
+        ``queue/join``) is checked here, and :class:`Refused` when over a bound."""
         if event_id is None:  # called outside a Gradio queue (tests, scripts): nothing to track
             return Job(None, session)
         with self._lock:
             if event_id in self._started:
                 return None
-            self._started.add(event_id)
             job = self._job(event_id, session)
+            if self.bounds is not None and not job.bounded:
+                if self._admitted.get(session):  # admitted when it joined; its join's reply is still on its way
+                    self._admitted[session] -= 1
+                    job.reserved = True
+                else:
+                    refused = self._over(session)
+                    if refused:
+                        raise Refused(refused)
+                job.bounded = True
+            self._started.add(event_id)
         job._begin()
         return job
 
@@ -191,43 +210,55 @@ class Jobs:
         :attr:`bounds`, a job that uses the model is refused (the reason, for the visitor) when its
         visitor has one in flight already or ``max_jobs`` are in flight in all; else admitted (None),
         and counted from here on. Nothing is bounded without bounds, or for other functions."""
-        bounds = self.bounds
-        if bounds is None or fn_index not in bounds.fns:
+        if not self.bounded(fn_index):
             return None
         with self._lock:
-            if self._in_flight(session, every=False):
-                return ("you have a run, sweep or benchmark in flight already (one at a time on this shared "
-                        "studio): wait for it to end, or press Stop, then run again")
-            total = self._in_flight(None, every=True)
-            if total >= bounds.max_jobs:
-                eta = bounds.eta(total)
-                when = f"in about {max(5, round(eta))} s" if eta is not None else "in a minute"
-                return (f"the studio is busy: {total} runs are in line for its one model (at most "
-                        f"{bounds.max_jobs} on this shared studio); try again {when}")
-            self._admitted[session] = self._admitted.get(session, 0) + 1
-            return None
+            refused = self._over(session)
+            if not refused:
+                self._admitted[session] = self._admitted.get(session, 0) + 1
+            return refused
+
+    def bounded(self, fn_index) -> bool:
+        """Whether a join for Gradio function ``fn_index`` is under :attr:`bounds` (the index as a
+        client sends it: Gradio reads "7" and 7.0 as 7 too)."""
+        try:
+            return self.bounds is not None and int(fn_index) in self.bounds.fns
+        except (TypeError, ValueError):
+            return False
+
+    def _over(self, session: str | None) -> str | None:
+        """Why one more job of ``session`` would be over a bound, or None (under the lock)."""
+        if self._in_flight(session, every=False):
+            return ("you have a run, sweep or benchmark in flight already (one at a time on this shared "
+                    "studio): wait for it to end, or press Stop, then run again")
+        total = self._in_flight(None, every=True)
+        if total >= self.bounds.max_jobs:
+            eta = self.bounds.eta(total)
+            when = f"in about {max(5, round(eta))} s" if eta is not None else "in a minute"
+            return (f"the studio is busy: {total} runs are in line for its one model (at most "
+                    f"{self.bounds.max_jobs} on this shared studio); try again {when}")
+        return None
 
     def _in_flight(self, session: str | None, every: bool) -> int:
         """Bounded jobs of ``session`` (``every``: of every session) admitted and not ended: joins
-        still unanswered, jobs running, and jobs queued less than :data:`STALE_S` ago."""
+        still unanswered, jobs whose handler runs (stopped ones too, until it returns), and jobs
+        not started yet, not stopped, that joined less than :data:`STALE_S` ago."""
         now = time.monotonic()
         admitted = sum(n for s, n in self._admitted.items() if every or s == session)
         return admitted + sum(1 for j in self._jobs.values()
-                              if j.bounded and (every or j.session == session) and not (j.finished or j.cancelled)
-                              and (j.state == "running" or now - j.joined_at < STALE_S))
+                              if j.bounded and (every or j.session == session) and not j.ended
+                              and (j.started or (not j.cancelled and now - j.joined_at < STALE_S)))
 
     def joined(self, event_id: str | None, session: str | None, admitted: bool = False) -> None:
         """The reply to a join request: the job (if any) entered the queue (``admitted``: under
         :meth:`admit`'s bounds, counted from here on as the job)."""
         with self._lock:
             self._joining[session] = max(self._joining.get(session, 0) - 1, 0)
-            if admitted:
+            job = self._job(event_id, session) if event_id else None
+            if admitted and not (job is not None and job.reserved):  # (a job that started first took its reservation)
                 self._admitted[session] = max(self._admitted.get(session, 0) - 1, 0)
-                if not self._admitted[session]:
-                    del self._admitted[session]
-            if not event_id:
+            if job is None:
                 return
-            job = self._job(event_id, session)
             job.bounded = job.bounded or admitted
             if self._pending.get(session):
                 self._pending[session] -= 1
@@ -242,6 +273,7 @@ class Jobs:
         finally:
             if job is not None:
                 job.finish()
+                job.ended = True
 
     def cancel(self, event_id: str | None, session: str | None = None) -> tuple[str, str | None]:
         """Cancel one job, queued or running: ``(reply, event_id)``, the reply one of
@@ -254,6 +286,8 @@ class Jobs:
         with self._lock:
             if event_id:
                 job = self._jobs.get(event_id)
+                if job is not None and self.bounds is not None and job.session != session:
+                    job = None  # a shared studio: another visitor's job is not this caller's to stop
                 return (job.request_cancel() if job else NOT_FOUND), event_id
             if self._joining.get(session, 0) <= self._pending.get(session, 0):  # no join of it in flight
                 newest = [j for j in self._jobs.values() if j.session == session and not (j.finished or j.cancelled)]
@@ -298,13 +332,13 @@ class CancelRoute:
         raw = await _read(receive)
         body = json_object(raw)
         session = body.get("session_hash")
+        admitted = self.jobs.bounded(body.get("fn_index"))
         refused = self.jobs.admit(session, body.get("fn_index"))
         if refused:  # refused before the queue, in the shape of Gradio's own refusal of a value (422, "validate"):
             # the one its clients pass on word for word (a 503 would read "Queue is full! Please try again.")
             await _reply(send, 422, {"detail": [{"__type__": "validate", "is_valid": False, "parameter_name": "run",
                                                  "message": refused}]})
             return
-        admitted = self.jobs.bounds is not None and body.get("fn_index") in self.jobs.bounds.fns
         self.jobs.joining(session)
         reply, answered = b"", False
 

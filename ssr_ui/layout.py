@@ -11,6 +11,7 @@ sending "abc", NaN or 10**30 gets a message naming the field, not Gradio's gener
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
 
@@ -35,7 +36,7 @@ from ssr_ui.benchmark import BENCH_METHODS, RUN_COLUMNS
 from ssr_ui.benchmark import MAX_ROWS as BENCH_MAX_ROWS
 from ssr_ui.frame import where_time_goes
 from ssr_ui.handlers import COMPARE_SHOWS, EXIT_MODE, MODES, Studio
-from ssr_ui.jobs import Bounds, current_event_id
+from ssr_ui.jobs import Bounds, Refused, current_event_id
 from ssr_ui.render import LEGEND, TraceView, error_html, prompt_html
 from ssr_ui.timeline import TIMELINE_JS, X_MODES
 
@@ -360,6 +361,16 @@ def build_app(studio: Studio) -> gr.Blocks:
                         "exact_route": exact_route, "draft_confidence": draft_confidence, "compile": compile_steps,
                         "exit_k": exit_k, "exit_min_think": exit_min_think, "exit_confidence": exit_confidence}
         models = {"draft_model": "", "prm": ""}  # not RunConfig fields: "" means the studio's default
+
+        @contextlib.contextmanager
+        def job_of(request: gr.Request):
+            """The job this handler runs (ssr_ui.jobs); one over a shared studio's bounds is refused with the reason."""
+            with contextlib.ExitStack() as stack:
+                try:
+                    job = stack.enter_context(studio.jobs.running(current_event_id(), request.session_hash))
+                except Refused as err:
+                    raise gr.Error(str(err)) from None
+                yield job
         # the jobs that use the model: on a shared studio every admitted one enters its handler at once, to be
         # told its place in the model's line (ssr_ui.waiting); the bounds refuse the rest when they join
         model_jobs = (dict(concurrency_limit=studio.public.max_jobs, concurrency_id="model") if studio.public.on
@@ -369,7 +380,7 @@ def build_app(studio: Studio) -> gr.Blocks:
         @_api_signature(cfg, run_settings, models)
         def run(request: gr.Request, prompt: str, method: str = "SSR", model: str = "", **settings):
             roles = {name: settings.pop(name) for name in models}
-            with studio.jobs.running(current_event_id(), request.session_hash) as job:
+            with job_of(request) as job:
                 if job is None:  # Gradio restarting a job that already ran: never run it twice
                     return
                 for frame in studio.run(prompt, method, model, roles["draft_model"], roles["prm"], job=job, **settings):
@@ -428,7 +439,7 @@ def build_app(studio: Studio) -> gr.Blocks:
         @on_gpu
         @_api_signature(cfg, sweep_settings, {})
         def sweep(request: gr.Request, prompt: str, model: str = "", start=0, stop=200, step=20, **settings):
-            with studio.jobs.running(current_event_id(), request.session_hash) as job:
+            with job_of(request) as job:
                 if job is not None:
                     yield from studio.sweep(prompt, model, start, stop, step, job=job, **settings)
 
@@ -451,7 +462,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                       limit=10, repeat=1, sample_seed="", task="auto", question_field="", answer_field="",
                       model: str = "", **settings):
             roles = {name: settings.pop(name) for name in models}
-            with studio.jobs.running(current_event_id(), request.session_hash) as job:
+            with job_of(request) as job:
                 if job is None:
                     return
                 for frame in studio.benchmark(dataset, upload, methods, limit, repeat, sample_seed, question_field,
@@ -495,6 +506,10 @@ def build_app(studio: Studio) -> gr.Blocks:
             return (*new[:3], gr.update(value=new[3], info=_draft_start_info(c.max_think)))
 
         def mode_probes(mode, name, think, start, drafts, interval, k):
+            try:
+                studio.vet(name)  # a shared studio: a name off its list never reaches a path
+            except ValueError:
+                return gr.update(), gr.update()
             probes = exit_mode_probes(mode, name or studio.default_model, think, start, drafts, interval, k)
             if probes is None:
                 return gr.update(), gr.update()
@@ -578,10 +593,10 @@ def build_app(studio: Studio) -> gr.Blocks:
             button.click(exporter(kind), [run_id, method_filter, dataset_filter], [exported, h_metrics],
                          **PRIVATE)
 
-        def do_import(path, x):
+        def do_import(request: gr.Request, path, x):
             if not path:
                 return "", "", "", "", "", where_time_goes(empty), None
-            return past_run(lambda: studio.import_trace(path), x)
+            return past_run(lambda: studio.import_trace(path, studio.visitor(request.session_hash)), x)
 
         imported.change(do_import, [imported, h_tl_x], past_outputs, **PRIVATE)
         if studio.public.on:  # a visitor who leaves (tab closed, client gone: Gradio's heartbeat ends) leaves the line

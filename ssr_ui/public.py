@@ -75,7 +75,9 @@ class Public:
         in the log cannot be traced back to a session id."""
         if not self.on:
             return None
-        return hashlib.sha256(self._salt + (session or "").encode()).hexdigest()[:24]
+        if not session:  # a caller with no session (a bare HTTP call): a visitor of its own, whose runs nobody sees
+            return "anon-" + secrets.token_hex(10)
+        return hashlib.sha256(self._salt + session.encode()).hexdigest()[:24]
 
     def vet(self, field_name: str, name: str | None) -> None:
         """Refuse a model name not on the operator's list (public mode only; an empty name means the

@@ -2,7 +2,7 @@
 the others wait in the order they came, each told its place and, once jobs have finished here, an
 estimate of its wait. A job stopped while it waits leaves the line at once, having run nothing.
 
->>> ticket = line.ticket()
+>>> ticket = Ticket()
 >>> for words in line.wait(ticket, cancelled=lambda: job.cancelled):
 ...     show(words)               # "in line for the model: 2nd (1 job ahead of yours, about 20 s) ..."
 >>> if ticket.held:
@@ -38,9 +38,6 @@ class ModelLine:
         self._line: list[Ticket] = []  # waiting, in arrival order
         self._holder: Ticket | None = None
         self._holds: deque[float] = deque(maxlen=HISTORY)  # seconds the model was held, newest last
-
-    def ticket(self) -> Ticket:
-        return Ticket()
 
     def wait(self, ticket: Ticket, cancelled: Callable[[], bool] = lambda: False) -> Iterator[str]:
         """Queue ``ticket`` and yield a status line every ``poll_s`` seconds until the model is its

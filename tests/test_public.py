@@ -15,7 +15,7 @@ from engine.runlog import RunLog
 from ssr_ui.handlers import Studio
 from ssr_ui.jobs import Bounds, Job, Jobs
 from ssr_ui.public import Public, public_on
-from ssr_ui.waiting import ModelLine
+from ssr_ui.waiting import ModelLine, Ticket
 from tests.tiny import make_model
 
 SMALL = dict(max_think=12, max_answer=6, draft_start=4, max_draft=6)
@@ -90,7 +90,7 @@ def test_without_public_mode_nothing_changes(tmp_path):
 def test_a_path_or_unlisted_hub_id_is_refused_the_same_whether_it_exists_or_not(tmp_path, field):
     studio = _studio(tmp_path, public=True)
     messages = {}
-    for name in ("/etc", "/no/such/folder", str(tmp_path), "someone/huge-model", "/etc/passwd"):
+    for name in ("/etc", "/no/such/folder", "/tmp", "someone/huge-model", "/etc/passwd"):
         frames = list(studio.run("a prompt", "Compare", job=Job(None, "s"), **{field: name}, **SMALL))
         assert len(frames) == 1 and frames[0].view.phase == "error"
         messages[name] = frames[0].metrics.replace(name, "NAME")
@@ -108,12 +108,12 @@ def test_a_path_or_unlisted_hub_id_is_refused_the_same_whether_it_exists_or_not(
 
 def test_the_line_for_the_model_serves_in_order_says_each_place_and_lets_a_stopped_job_leave():
     line = ModelLine(poll_s=0.01)
-    first = line.ticket()
+    first = Ticket()
     assert list(line.wait(first)) == [] and first.held
     order, words, stop = [], {}, threading.Event()
 
     def job(name, cancelled=lambda: False):
-        t = line.ticket()
+        t = Ticket()
         words[name] = []
         for w in line.wait(t, cancelled):
             words[name].append(w)
@@ -153,7 +153,8 @@ def test_bounds_refuse_a_second_job_of_a_visitor_and_jobs_past_the_cap():
     refused = jobs.admit("c", 7)  # two in flight: the cap
     assert "busy" in refused and "at most 2" in refused and "about 60 s" in refused
     jobs.joined("e2", "b", admitted=True)
-    jobs.cancel("e1")  # a's job stopped: a may run again, and there is room
+    assert jobs.cancel("e1", "b")[0] == "not found"  # another visitor's job is not theirs to stop
+    jobs.cancel("e1", "a")  # a's job stopped before it started: a may run again, and there is room
     assert jobs.admit("a", 7) is None
     with jobs.running("e2", "b"):
         assert "in flight already" in jobs.admit("b", 7)
@@ -165,7 +166,7 @@ def test_bounds_refuse_a_second_job_of_a_visitor_and_jobs_past_the_cap():
 
 def test_a_job_stopped_while_in_line_runs_nothing_and_logs_nothing(tmp_path):
     studio = _studio(tmp_path, public=True)
-    holder = studio.line.ticket()
+    holder = Ticket()
     assert list(studio.line.wait(holder)) == []  # someone else holds the model
     job = Job(None, "waiter")
     frames = []
@@ -198,3 +199,43 @@ def test_an_older_run_log_gains_the_visitor_column(tmp_path):
         conn.execute("update meta set value = '12' where key = 'schema_version'")
     log = RunLog(path)
     assert "visitor" in log.columns()
+
+
+def test_a_job_that_bypassed_the_join_is_checked_when_it_starts_and_a_join_that_raced_its_start_counts_once():
+    from ssr_ui.jobs import NOT_FOUND, Refused
+
+    jobs = Jobs()
+    jobs.bounds = Bounds(frozenset({7}), max_jobs=2, eta=lambda n: None)
+    with jobs.running("direct-1", "a"):  # no join seen (a route around queue/join): checked here, admitted
+        with pytest.raises(Refused, match="in flight already"):
+            jobs.start("direct-2", "a")
+        assert jobs.admit("a", "7") is not None  # "7" is function 7 to Gradio: bounded too
+    assert jobs.admit("b", 7) is None  # admitted at its join ...
+    with jobs.running("raced", "b"):  # ... and started before its join's reply came back
+        jobs.joined("raced", "b", admitted=True)
+        assert jobs._in_flight("b", every=False) == 1 and jobs._in_flight(None, every=True) == 1
+        assert jobs.cancel("raced", "someone-else") == (NOT_FOUND, "raced")  # not another visitor's to stop
+    assert jobs._in_flight(None, every=True) == 0
+    jobs.joined("e", "c", admitted=False)
+    with jobs.running("e", "c") as job:  # stopped, its handler still going: still counted until it returns
+        job.request_cancel()
+        assert "in flight already" in jobs.admit("c", 7)
+    assert jobs.admit("c", 7) is None
+
+
+def test_an_imported_trace_is_compared_with_the_importers_own_baselines_only(tmp_path):
+    import json
+
+    studio = _studio(tmp_path, public=True)
+    prompt = "Start with 4, then add 7. What is the result? (a's)"
+    _run(studio, "a", prompt)
+    _run(studio, "a", prompt, "SSR")
+    a = studio.visitor("a")
+    ssr = next(r for r in studio.history(visitor=a) if r["method"] == "ssr")
+    doc = json.loads(Path(studio.export(ssr["id"], "json", visitor=a)).read_text())
+    doc["run"].pop("visitor", None)  # a crafted file names no visitor: the importer's are used whatever it says
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(doc))
+    own = studio.import_trace(str(path), a).metrics
+    theirs = studio.import_trace(str(path), studio.visitor("b")).metrics
+    assert "same answer" in own and "same answer" not in theirs

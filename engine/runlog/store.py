@@ -270,7 +270,9 @@ class RunLog:
                 row = db["runs"].get(run_id)
             except sqlite_utils.db.NotFoundError:
                 row = None
-        if row is None or (visitor is not None and row.get("visitor") != visitor):
+        if visitor is not None and (row is None or row.get("visitor") != visitor):
+            raise ValueError(f"no run with id {run_id}")  # (a visitor of a shared studio: the server's path unsaid)
+        if row is None:
             raise ValueError(f"no run with id {run_id} in {self.path}")
         return row
 
