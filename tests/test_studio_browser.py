@@ -521,8 +521,10 @@ def test_11_an_rsd_example_sets_rsd_and_the_strip_holds_its_rule_at_two_widths(p
     page.get_by_text(make_example("arithmetic", EVAL_SEED_BASE).prompt[:30]).first.click()
     page.wait_for_function("document.querySelector('#method input[value=RSD]')?.checked", timeout=10_000)
     page.get_by_role("button", name="Run", exact=True).click()
-    page.wait_for_function("!document.querySelector('#stop').disabled", timeout=30_000)
-    page.wait_for_function("document.querySelector('#stop').disabled", timeout=180_000)
+    # the run's end, as an event: its strip's rule cell, the Stop button off again (an RSD run on the bundled models
+    # can take 0.1 s: a poll for Stop turning on, then off, missed that window once under CI's CPU hog)
+    page.wait_for_function("[...document.querySelectorAll('.metric .k')].some(k => k.innerText === 'rule') && "
+                           "document.querySelector('#stop').disabled", timeout=180_000)
     inside = """() => {
         const cell = [...document.querySelectorAll('.metric')].find(m => m.querySelector('.k').innerText === 'rule');
         const strip = cell.closest('.metrics').getBoundingClientRect(), box = cell.getBoundingClientRect();
