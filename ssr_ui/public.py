@@ -13,7 +13,7 @@ Off (the default on one's own machine), nothing here changes anything. On:
   with one message that depends on nothing but the name typed: the server's files cannot be probed.
 * **Bounds.** One run, sweep or benchmark in flight per visitor, at most ``max_jobs`` in all; a
   job over a bound is refused when it is submitted, saying which bound and when to try again
-  (:class:`Admission`, read by :class:`~ssr_ui.jobs.CancelRoute`). The jobs admitted wait their
+  (:class:`~ssr_ui.jobs.Bounds`, read by :class:`~ssr_ui.jobs.CancelRoute`). The jobs admitted wait their
   turn for the model in arrival order, each told its place (``ssr_ui.waiting``).
 """
 
