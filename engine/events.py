@@ -137,6 +137,7 @@ class RunStats:
     exit_drafts: str = ""
     exit_answer: str = ""
     exit_score: float | None = None  # the agreeing drafts' mean token probability under the model (measured when the rule has a bar)
+    exit_why: str = ""  # no exit: why the rule never held, with the counts (ExitBudget.why_not)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

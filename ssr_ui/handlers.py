@@ -143,32 +143,43 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(MODES)}")
         self.vet(model_name, draft_model, prm)
         cfg = self.config(model_name, **settings)
-        runs = list(COMPARE_RUNS) if method == "Compare" else [method]
-        if any(METHOD_NAMES[name] in SSR_FAMILY for name in runs):
-            cfg.check_ssr()
+        compare = method == "Compare"
+        runs = list(COMPARE_RUNS) if compare else [method]
+        skipped: dict[str, str] = {}  # a Compare's runs that cannot run here, with the reason (alone: refused)
+
+        def cannot(names, err: Exception) -> None:
+            if not compare:
+                raise err
+            for name in names:
+                skipped.setdefault(name, str(err))
+
+        ssr_family = [name for name in runs if METHOD_NAMES[name] in SSR_FAMILY]
+        try:
+            if ssr_family:
+                cfg.check_ssr()
+        except ValueError as err:
+            cannot(ssr_family, err)
         model_name = (model_name or self.default_model).strip()
         yield Frame.note(f"loading {model_name}…")
         for status in self.loading(model_name):  # a first load (a GGUF file's conversion) says how it goes
             yield Frame.note(f"loading {model_name}… {status}")
         lm = self.model(model_name)
-        if isinstance(lm, RemoteModel):  # early exit runs in process only (NOT_ON_A_SERVER says why)
-            if method == EXIT_MODE:
-                raise ValueError(f"SSR early exit is not offered on a vLLM server: {NOT_ON_A_SERVER[EXIT]}")
-            runs = [name for name in runs if name != EXIT_MODE]  # a Compare there: the other three
-        if any(METHOD_NAMES[name] in SSR_FAMILY for name in runs):  # refused before anything runs (a comparison too), in the engine's words
-            lm.require_markers()
+        if isinstance(lm, RemoteModel) and EXIT_MODE in runs:  # early exit runs in process only
+            cannot([EXIT_MODE], ValueError(f"SSR early exit is not offered on a vLLM server: {NOT_ON_A_SERVER[EXIT]}"))
+        try:  # refused before anything runs, in the engine's words (a base model has no reasoning to fork from)
+            if ssr_family:
+                lm.require_markers()
+        except SSRUnsupportedError as err:
+            cannot(ssr_family, err)
         rsd = {}
         if "RSD" in runs:
-            draft_model, prm = (draft_model or self.default_draft).strip(), (prm or self.default_prm).strip()
-            yield Frame.note(f"loading the draft model {draft_model} and the PRM {prm}…")
-            with _field("Draft model (draft_model)"):
-                for status in self.loading(draft_model):
-                    yield Frame.note(f"loading the draft model {draft_model}… {status}")
-                draft_lm = self.model(draft_model)
-            with _field("Process reward model (prm)"):
-                scorer = self.scorer(prm)
-            rsd = {"draft": draft_lm, "scorer": scorer, "draft_name": draft_model, "prm_name": prm}
-            check_pair(lm, rsd["draft"])  # (models load once, by name: the pair is checked per run)
+            try:
+                rsd = yield from self._rsd_models(lm, draft_model, prm)
+            except (ValueError, ModelLoadError) as err:
+                cannot(["RSD"], ValueError(f"{err}. To run RSD here, set Draft model (RSD settings; draft_model in "
+                                           f"the API) to a model with {model_name}'s tokenizer, and Process reward "
+                                           "model to one that loads (or target-likelihood)"))
+        runs = [name for name in runs if name not in skipped]
         ticket = yield from self.in_line(job, Frame.note)
         if not ticket.held:  # stopped while in line: it leaves the line, nothing ran, nothing is logged
             yield Frame.of(TraceView(phase="stopped"), html_note("stopped while in line for the model: nothing ran"))
@@ -189,25 +200,43 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                                  # RSD's budget is the whole response: its cut is known from its final stats only
                                  budgets=None if name == "RSD" else (cfg.max_think, cfg.max_answer),
                                  rule=self.rsd_rule(model_name, cfg) if name == "RSD" else None,
-                                 dtypes=_dtypes(lm, rsd if name == "RSD" else {}))
+                                 dtypes=_dtypes(lm, rsd if name == "RSD" else {}), skipped=skipped)
                 yield from self._stream(lm, prompt, name, cfg, view, rsd, job, deadline, last=name == runs[-1])
                 # a Compare's runs are measured against its own baseline run (the pair its chart shows)
-                pair = finals["Baseline"].view.done if method == "Compare" and "Baseline" in finals else None
+                pair = finals["Baseline"].view.done if compare and "Baseline" in finals else None
                 finals[name] = last = self._frame(view, name, lm, prompt, cfg, final=True, pair=pair, job=job)
         finally:
             self.line.release(ticket)
         if not finals:  # stopped before anything ran: nothing logged
             yield Frame.of(TraceView(phase="stopped"), metrics_html(TraceView(phase="stopped"), method))
             return
-        latencies = {name: f.view.stats.wall_s if f.view.done is not None else None for name, f in finals.items()}
-        if method != "Compare":
+        if not compare:
             yield last
-        elif len(finals) < len(runs) or any(v is None for v in latencies.values()):  # stopped midway: what finished
-            done = sum(v is not None for v in latencies.values())
-            yield dataclasses.replace(last, runs=finals if len(finals) > 1 else None, chart=charts.latency_bars(
-                latencies, note=f"stopped: {done} of {len(runs)} finished") if done else None)
-        else:
-            yield dataclasses.replace(finals[COMPARE_SHOWS], chart=charts.latency_bars(latencies), runs=finals)
+            return
+        latencies = {name: f.view.stats.wall_s if f.view.done is not None else None for name, f in finals.items()}
+        done = sum(v is not None for v in latencies.values())
+        notes = [f"stopped: {done} of {len(runs)} finished"] if done < len(runs) else []
+        notes += [f"not run: {', '.join(skipped)}"] if skipped else []
+        for name in skipped:  # each in the run picker, its panes saying why it did not run
+            view = TraceView(method=METHOD_NAMES[name], phase="skipped", skipped=skipped)
+            finals[name] = Frame.of(view, metrics_html(view, name), timeline=True)
+        finals = {name: finals[name] for name in COMPARE_RUNS if name in finals}  # in the comparison's order
+        chart = charts.latency_bars(latencies, note="; ".join(notes)) if done else None
+        yield dataclasses.replace(finals[compare_shows(finals)], chart=chart, runs=finals if len(finals) > 1 else None)
+
+    def _rsd_models(self, lm, draft_model: str, prm: str) -> Iterator[Frame]:
+        """Load RSD's draft model and PRM (each named by its field when it will not load) and check
+        the draft against ``lm``; returns what the RSD decoder takes."""
+        draft_model, prm = (draft_model or self.default_draft).strip(), (prm or self.default_prm).strip()
+        yield Frame.note(f"loading the draft model {draft_model} and the PRM {prm}…")
+        with _field("Draft model (draft_model)"):
+            for status in self.loading(draft_model):
+                yield Frame.note(f"loading the draft model {draft_model}… {status}")
+            draft_lm = self.model(draft_model)
+        with _field("Process reward model (prm)"):
+            scorer = self.scorer(prm)
+        check_pair(lm, draft_lm)  # (models load once, by name: the pair is checked per run)
+        return {"draft": draft_lm, "scorer": scorer, "draft_name": draft_model, "prm_name": prm}
 
     def _stream(self, lm, prompt, name, cfg, view, rsd: dict | None = None, job: Job | None = None,
                 deadline: float | None = None, last: bool = True) -> Iterator[Frame]:
@@ -408,6 +437,12 @@ def sweep_summary(points: list[dict]) -> str:
     verdict = "faster than" if best["ratio"] < 1 else "no faster than"
     return (f"best draft start {best['draft_start']}: {best['ratio']:.2f}x baseline's latency ({verdict} baseline)"
             f"{spread}")
+
+
+def compare_shows(runs: dict[str, Frame]) -> str:
+    """Which of a Compare's runs its panes show first: SSR, else the last that ran (not a skipped one)."""
+    ran = [name for name, frame in runs.items() if frame.view is None or frame.view.phase != "skipped"]
+    return COMPARE_SHOWS if COMPARE_SHOWS in ran else (ran or list(runs))[-1]
 
 
 @contextlib.contextmanager

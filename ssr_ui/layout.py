@@ -35,7 +35,7 @@ from ssr_ui import charts
 from ssr_ui.benchmark import BENCH_METHODS, RUN_COLUMNS
 from ssr_ui.benchmark import MAX_ROWS as BENCH_MAX_ROWS
 from ssr_ui.frame import where_time_goes
-from ssr_ui.handlers import COMPARE_SHOWS, EXIT_MODE, MODES, Studio
+from ssr_ui.handlers import EXIT_MODE, MODES, Studio, compare_shows
 from ssr_ui.jobs import Bounds, Refused, current_event_id
 from ssr_ui.render import LEGEND, TraceView, error_html, prompt_html
 from ssr_ui.timeline import TIMELINE_JS, X_MODES
@@ -387,8 +387,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                     *panes, fig = frame.as_tuple()
                     runs = gr.update(visible=False)
                     if frame.runs:
-                        shown = COMPARE_SHOWS if COMPARE_SHOWS in frame.runs else list(frame.runs)[-1]
-                        runs = gr.update(choices=list(frame.runs), value=shown, visible=True)
+                        runs = gr.update(choices=list(frame.runs), value=compare_shows(frame.runs), visible=True)
                     yield (*panes, gr.update(value=fig, visible=fig is not None), frame.view, _draft_picker(frame),
                            frame.runs, runs, gr.skip() if frame.timeline is None else frame.timeline)
 

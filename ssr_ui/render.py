@@ -105,6 +105,9 @@ class TraceView:
     fork_times: dict[int, float] = field(default_factory=dict)  # draft -> when it forked (seconds)
     answer_t: float | None = None  # when the answer phase began
     exit: PhaseEvent | None = None  # ssr-exit: where its drafts agreed and the reasoning was stopped (None: no exit)
+    # a Compare's runs that could not run on its model, by mode name, with the reason (each its own strip cell);
+    # a view of phase "skipped" is one of them: nothing ran, its panes say so
+    skipped: dict[str, str] = field(default_factory=dict)
     # per row, the forwards whose kept and forced tokens have not all come yet: [index, tokens still to come]
     _owed: dict[str, deque] = field(default_factory=dict, repr=False, compare=False)
     _pending: dict[str, list[Tok]] = field(default_factory=dict, repr=False, compare=False)  # no forward's yet
@@ -244,6 +247,15 @@ class TraceView:
             count += start > close[0]
         return count
 
+    def nothing_ran(self) -> str | None:
+        """Why the panes are empty, for a run that never started (a Compare's skipped run, a refused
+        one): the panes then say so instead of describing a run. None for a run that started."""
+        if self.phase == "skipped":
+            return "Not run in this comparison: the reason is in the strip."
+        if self.phase == "error" and not (self.reasoning or self.answer or self.drafts or self.forwards):
+            return "Nothing ran: the reason is in the strip."
+        return None
+
     def reasoning_html(self) -> str:
         """The Reasoning pane: its tokens (the blank lines before the first word not shown), where
         each draft forked, RSD's step badges, and the closing marker shown as an "end of thinking"
@@ -253,6 +265,8 @@ class TraceView:
         forks = sorted(((d, at, self._fork_shown_at(at)) for d, at in self.draft_forks.items()), key=lambda f: f[2])
         close, start, leading = self._close(), 0, True
         marker: list[int] = []  # the ids of the tokens that wrote the marker
+        if self.nothing_ran():
+            return _pane([], self.nothing_ran())
         exit_at = self.exit.at_token if self.exit is not None and self.exit.at_token is not None else None
         for i, tok in enumerate(self.reasoning):
             if i == exit_at:  # after the exit_at-th token of the model's own reasoning: the forced marker follows
@@ -312,6 +326,8 @@ class TraceView:
                 f'{", PRM score" + score if score else ""}">{step.source}{score}</span>')]
 
     def draft_html(self, which: int | None = None) -> str:
+        if self.nothing_ran():
+            return _pane([], self.nothing_ran())
         if self.steps:  # RSD: every rejected draft step, with the score that rejected it
             rejected = [s for s in self.steps if s.accepted is False]
             if not rejected:
@@ -342,6 +358,8 @@ class TraceView:
         return head + _pane(_trimmed(self.drafts[which]), empty)
 
     def answer_html(self) -> str:
+        if self.nothing_ran():
+            return _pane([], self.nothing_ran())
         spans, shown = [], _trimmed(self.answer)
         for i, span in enumerate(shown):
             spans += self._step_badge("answer", i)
@@ -474,13 +492,16 @@ TERMS = {
               "verify requests",
 }
 THINKING = {"prompted": "prompted (&lt;/think&gt; as text)", "none": "none (a base model: all answer)"}
-LONG_CELLS = {"rule", "exit rule", "agreed", "tokens saved", "vs baseline", "precision", "phase", "same as baseline", "server speculation", "cut by budget"}  # cells whose value may wrap
 
 
 def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> str:
     """The live metrics strip; ``compare`` (after a finished run) is
     ``ssr_ui.handlers.Studio.compare_to_baseline``'s: ``{"baselines": 0, ...}`` when no logged
     baseline matches the run's settings, else ``{"ratio", "identical", "baselines", "matched_on", ...}``."""
+    not_run = [(f"{name}: not run", html.escape(reason)) for name, reason in view.skipped.items() if name != method]
+    if view.phase == "skipped":
+        return _strip([("method", html.escape(method)), ("not run", html.escape(view.skipped.get(method, ""))),
+                       *not_run], view.notice)
     c = view.counts()
     n_tokens = len(view.reasoning) + len(view.answer)
     elapsed = view.stats.wall_s if view.stats else view.elapsed
@@ -554,10 +575,15 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         items.insert(2, ("cut by budget", html.escape(view.cut_words())))
     if view.thinking in THINKING:  # next to the method: how this model's reasoning is told apart
         items.insert(1, ("thinking", THINKING[view.thinking]))
-    cells = "".join(f'<div class="metric{" long" if k in LONG_CELLS else ""}"><div class="k"'
+    return _strip(items + not_run, view.notice)
+
+
+def _strip(items: list[tuple[str, str]], notice: str | None = None) -> str:
+    """The strip's cells (key, value HTML; a key in ``TERMS`` explains itself on hover) and a notice."""
+    cells = "".join('<div class="metric"><div class="k"'
                     + (f' title="{html.escape(TERMS[k])}"' if k in TERMS else "") + f'>{k}</div><div class="v">{v}</div></div>'
                     for k, v in items)
-    note = f'<div class="metrics-notice">⚠ {html.escape(view.notice)}</div>' if view.notice else ""
+    note = f'<div class="metrics-notice">⚠ {html.escape(notice)}</div>' if notice else ""
     return f'<div class="strip"><div class="metrics">{cells}</div>{note}</div>'
 
 
@@ -576,8 +602,9 @@ def _exit_items(view: TraceView, compare: dict | None) -> list[tuple[str, str]]:
                                             + (f" on “{_short(answer, 40)}”" if answer else "")
                                             + (f" (mean token probability {score:.2f})" if score is not None else ""))))
     elif s is not None and view.phase in ("done", "ok", "imported"):
-        items.append(("early exit", (f"no exit: the rule never held in {s.drafts} draft{'s' if s.drafts != 1 else ''} "
-                                    "before the reasoning ended — ran as SSR")))
+        why = html.escape(s.exit_why) if s.exit_why else (  # runs logged before the reason was kept
+            f"the rule never held in {s.drafts} draft{'s' if s.drafts != 1 else ''} before the reasoning ended")
+        items.append(("early exit", f"no exit: {why} — ran as SSR"))
     elif s is None and view.phase not in ("stopped", "error"):
         items.append(("early exit", "not yet: the drafts have not agreed"))
     if s is None or view.phase not in ("done", "ok", "imported"):

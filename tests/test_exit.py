@@ -6,6 +6,7 @@ what it did; a vLLM server refuses it with the reason."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -118,6 +119,47 @@ def test_k_above_the_drafts_never_exits_and_the_budget_still_holds():
     budget, _ = _budget(cfg, drafts)
     assert [budget.spent(t) for t in range(1, 10)] == [False] * 8 + [True]  # the marker is the 10th token
     assert budget.exit is None and budget.lead(drafts) is drafts[-1]
+
+
+def test_a_run_that_never_exits_says_why_with_the_counts():
+    """No exit: the strip's sentence (RunStats.exit_why) names each reason with its count: drafts
+    still writing when the reasoning ended, cut short, with no answer, too few or disagreeing ones,
+    drafts that never forked, the rule's floor, a confidence bar not reached."""
+    cfg = RunConfig(max_think=100, draft_start=1, draft_interval=1, num_drafts=6, exit_k=3, exit_confidence=0)
+    drafts = [Draft(0, 1, tokens=[5], finished=True, end=0), Draft(1, 2, tokens=[7], finished=True, end=0),
+              Draft(2, 3, tokens=[7], finished=True, end=0), Draft(3, 4, tokens=[7], finished=True),  # cut short
+              Draft(4, 5, tokens=[7])]  # still writing
+    budget, _ = _budget(cfg, drafts)
+    assert not budget.spent(40)
+    why = budget.why_not()
+    assert "5 of 6 drafts forked" in why and "1 of 5 still writing when the reasoning ended" in why
+    assert "1 cut short" in why and "3 finished with 2 different answers: at most 2 in a row agree, the rule needs 3" in why
+    few, _ = _budget(dataclasses.replace(cfg, num_drafts=2), drafts[:2])
+    assert not few.spent(40) and "2 finished with an answer: too few, the rule needs 3 in a row" in few.why_not()
+    floor, _ = _budget(dataclasses.replace(cfg, exit_min_think=50, exit_k=2, num_drafts=3), drafts[1:3])
+    assert not floor.spent(30) and "the reasoning ended at 30 tokens, before the rule's floor of 50" in floor.why_not()
+    sure, _ = _budget(dataclasses.replace(cfg, exit_k=2, num_drafts=3, exit_confidence=0.9), drafts[1:3])
+    assert not sure.spent(30) and "2 in a row agreed, but their mean token probability stayed below 0.9" in sure.why_not()
+
+
+def test_the_strip_gives_the_reason_live_and_replayed(tmp_path, lm):
+    """On the bundled model, a run whose rule cannot hold (exit_k above the drafts) logs its reason;
+    the live strip and a replay from the log both show it."""
+    from ssr_ui.export import logged_view
+    from ssr_ui.render import TraceView, metrics_html
+
+    prompt = make_example("classes", 1500004).prompt
+    cfg = dataclasses.replace(CFG, num_drafts=2, exit_k=3)
+    log = RunLog(tmp_path / "runs.db")
+    view = TraceView(method="ssr-exit")
+    for ev in log.record(decoder("ssr-exit", lm)(prompt, cfg), RunMeta("ssr-exit", "tiny-reasoner", prompt, cfg.to_dict())):
+        view.apply(ev)
+    assert "too few, the rule needs 3 in a row" in view.stats.exit_why
+    row = log.runs(limit=1)[0]
+    assert row["exit_why"] == view.stats.exit_why
+    replayed = logged_view(row, log.events(row["id"]))
+    for v in (view, replayed):
+        assert f"no exit: {view.stats.exit_why}" in metrics_html(v, "SSR early exit").replace("&#x27;", "'")
 
 
 # ------------------------------------------------------------------ on the bundled model

@@ -269,7 +269,7 @@ def test_trust_charts_and_strip_read_without_guessing():
     tokens = charts.token_composition(rows)
     assert tokens.layout.legend.orientation == "h" and list(tokens.data[0].x) == [1]  # numeric ids: plotly thins the ticks
     strip = metrics_html(TraceView(method="rsd", rule="PRM score >= 0.7 (calibrated on seeds 4,000,000-4,000,199)"), "RSD")
-    assert '<div class="metric long"><div class="k" title="' in strip
+    assert '<div class="metric"><div class="k" title="' in strip  # every cell wraps (assets/studio.css)
     for term in ("lookup misses", "KV cache", "FLOPs", "rejected"):
         assert TERMS.get(term)
 

@@ -9,6 +9,7 @@ from engine.events import PhaseEvent, TokenEvent
 from engine.methods.ssr.loop import decode_ssr
 from engine.tools.synthetic import make_example
 from ssr_ui import charts
+from ssr_ui.handlers import compare_shows
 from ssr_ui.render import TraceView, metrics_html
 from tests.tiny import make_model
 
@@ -200,6 +201,37 @@ def test_rsd_with_incompatible_draft_is_a_message(studio):
     assert "do not share a tokenizer" in frames[-1].metrics
 
 
+def test_compare_skips_rsd_on_a_model_whose_tokenizer_the_draft_lacks_and_runs_the_rest(studio):
+    """Compare runs what it can: an RSD pair that does not fit the model is skipped with the reason
+    and how to set it, in its own cell; Baseline, SSR and the early exit run and are logged; the
+    skipped run's panes say it did not run (never a claim about a run that did not happen)."""
+    other = make_model("qwen2")
+    other.tokenizer.add_tokens(["<extra>"])
+    studio.add_model("odd-target", other)
+    before = {r["id"] for r in studio.history()}
+    frames = list(studio.run("hello", "Compare", "odd-target", "tiny-draft", "target-likelihood", **SMALL))
+    final = frames[-1]
+    assert list(final.runs) == ["Baseline", "SSR", "SSR early exit", "RSD"] and compare_shows(final.runs) == "SSR"
+    assert final.answer == final.runs["SSR"].answer
+    new = [r for r in studio.history() if r["id"] not in before]
+    assert sorted(r["method"] for r in new) == ["baseline", "ssr", "ssr-exit"] and all(r["status"] == "ok" for r in new)
+    strip = _plain(final.metrics)
+    assert "RSD: not run" in strip and "do not share a tokenizer" in strip and "set Draft model (RSD settings" in strip
+    assert list(final.chart.data[0].x) == ["Baseline", "SSR", "SSR early exit"] and "not run: RSD" in final.chart.layout.title.text
+    rsd = final.runs["RSD"]
+    assert "not run" in _plain(rsd.metrics) and "do not share a tokenizer" in _plain(rsd.metrics)
+    for pane in (rsd.reasoning, rsd.draft, rsd.answer):
+        assert "Not run in this comparison" in pane
+    assert "No draft was written" not in rsd.draft
+
+
+def test_a_refused_run_says_nothing_ran_in_every_pane(studio):
+    final = list(studio.run("hello", "SSR", "tiny", max_think=10, max_answer=10, draft_start=50))[-1]
+    assert 'class="metrics error"' in final.metrics
+    for pane in (final.reasoning, final.draft, final.answer):
+        assert "Nothing ran" in pane and "No draft was written" not in pane
+
+
 def test_step_badges_sit_where_each_step_begins():
     from engine.events import StepEvent
 
@@ -382,3 +414,21 @@ def test_the_early_exit_chart_groups_by_k_and_interval():
     assert "No SSR early exit runs" in charts.exit_by_k(rows[:3]).layout.annotations[0].text
     alone = charts.exit_by_k([row(8, "ssr-exit", "z", 30, None, k=2)])  # no baseline, no grade: absolute tokens
     assert list(alone.data[0].y) == [30] and "accuracy needs graded runs" in alone.layout.title.text
+
+
+@pytest.mark.parametrize("model", ["tiny-reasoner", "tiny-reasoner-draft", "tiny-prm", "path"])
+def test_compare_runs_what_it_can_on_every_bundled_model_and_one_picked_by_path(tmp_path, model):
+    """Whatever the model, Baseline runs; every other run either ran to the end or says why not."""
+    from engine.presets import BUNDLED_DIR
+    from ssr_ui.handlers import Studio
+
+    name = str(BUNDLED_DIR / "tiny-reasoner") if model == "path" else model
+    studio = Studio(db=str(tmp_path / "runs.db"))
+    final = list(studio.run("What is 3 plus 4?", "Compare", name, max_think=40, max_answer=20))[-1]
+    assert list(final.runs) == ["Baseline", "SSR", "SSR early exit", "RSD"]
+    assert final.runs["Baseline"].view.phase == "done"
+    for run in final.runs.values():
+        assert run.view.phase == "done" or (run.view.phase == "skipped" and "not run" in run.metrics)
+    logged = {r["method"] for r in studio.history()}
+    assert logged == {name_ for name_, run in zip(("baseline", "ssr", "ssr-exit", "rsd"), final.runs.values(),
+                                                  strict=True) if run.view.phase == "done"}

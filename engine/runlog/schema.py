@@ -9,7 +9,7 @@ import sqlite_utils
 
 from engine.events import RunStats
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 
 def _migrate_1(db: sqlite_utils.Database) -> None:
@@ -102,9 +102,15 @@ def _migrate_13(db: sqlite_utils.Database) -> None:
     db["runs"].create_index(["visitor"], if_not_exists=True)
 
 
+def _migrate_14(db: sqlite_utils.Database) -> None:
+    """Version 14: an early-exit run that never exited says why (``RunStats.exit_why``). Runs logged
+    before have none: their strip says the rule never held."""
+    _add_columns(db["runs"], _stats_columns())
+
+
 MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6, 7: _migrate_7,
               8: _migrate_8, 9: _migrate_9, 10: _migrate_10, 11: _migrate_11,
-              12: _migrate_12, 13: _migrate_13}
+              12: _migrate_12, 13: _migrate_13, 14: _migrate_14}
 
 
 def _stats_columns() -> dict:

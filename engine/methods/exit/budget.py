@@ -11,6 +11,7 @@ reasoning (and so possibly the answer) differs from plain decoding's whenever it
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import torch
@@ -31,6 +32,8 @@ class ExitBudget(SSRBudget):
         super().__init__(markers, cfg, state)
         self.state = state
         self.rule = ExitRule(cfg.exit_k, cfg.exit_min_think, cfg.exit_confidence)
+        self.planned = cfg.num_drafts
+        self.thought = 0  # reasoning tokens at the last check
         self.exit: Exit | None = None
         self._probs: dict[int, list[torch.Tensor]] = {}  # per draft, each token's probability (on the device)
         self._probes: dict[int, Probe] = {}  # the finished drafts, judged once
@@ -43,6 +46,7 @@ class ExitBudget(SSRBudget):
     def spent(self, thought: int) -> bool:
         if super().spent(thought):
             return True
+        self.thought = thought
         if self.exit is None:
             self.exit = self.rule.check(self._finished(), thought)
         return self.exit is not None
@@ -58,7 +62,47 @@ class ExitBudget(SSRBudget):
             s.exit_at, s.exit_drafts = self.exit.at, ",".join(map(str, self.exit.drafts))
             s.exit_answer, s.exit_score = self.exit.key.partition(":")[2][:200], self.exit.confidence
             yield PhaseEvent("exit", rec.now(), self.exit.drafts[-1], self.exit.at)
+        else:
+            rec.stats.exit_why = self.why_not()
         yield from super().open_answer(rec)
+
+    def why_not(self) -> str:
+        """Why the rule never held, with the counts (``RunStats.exit_why``): drafts that never forked,
+        drafts still writing when the reasoning ended (only finished drafts count), drafts cut short or
+        with no answer, and what the finished ones said against what the rule needs."""
+        drafts, probes = self.state.drafts, sorted(self._finished(), key=lambda p: p.index)
+        k, parts = self.rule.k, []
+        if self.thought < self.rule.min_think:
+            parts.append(f"the reasoning ended at {self.thought} tokens, before the rule's floor of "
+                         f"{self.rule.min_think}")
+        if len(drafts) < self.planned:
+            parts.append(f"{len(drafts)} of {self.planned} drafts forked before the reasoning ended")
+        running = sum(not d.finished for d in drafts)
+        if running:
+            parts.append(f"{running} of {len(drafts)} still writing when the reasoning ended (only finished drafts "
+                         "count)")
+        cut = sum(d.finished and d.end is None for d in drafts)
+        if cut:
+            parts.append(f"{cut} cut short before an answer ended")
+        blank = sum(p.key is None for p in probes)
+        if blank:
+            parts.append(f"{blank} finished with no answer in them")
+        answered = [p for p in probes if p.key is not None]
+        if len(answered) < k:
+            parts.append(f"{len(answered)} finished with an answer: too few, the rule needs {k} in a row")
+        else:
+            streak, best = 1, 1
+            for a, b in itertools.pairwise(answered):
+                streak = streak + 1 if b.index == a.index + 1 and b.key == a.key else 1
+                best = max(best, streak)
+            distinct = len({p.key for p in answered})
+            said = f"{len(answered)} finished with {distinct} different answer{'s' if distinct != 1 else ''}"
+            if best < k:
+                parts.append(f"{said}: at most {best} in a row agree, the rule needs {k}")
+            else:
+                parts.append(f"{said}: {k} in a row agreed, but their mean token probability stayed below "
+                             f"{self.rule.confidence:g}")
+        return "; ".join(parts)
 
     def _finished(self) -> list[Probe]:
         """The drafts that ended by themselves (their end of sequence), each judged once. A draft
