@@ -432,3 +432,17 @@ def test_compare_runs_what_it_can_on_every_bundled_model_and_one_picked_by_path(
     logged = {r["method"] for r in studio.history()}
     assert logged == {name_ for name_, run in zip(("baseline", "ssr", "ssr-exit", "rsd"), final.runs.values(),
                                                   strict=True) if run.view.phase == "done"}
+
+
+def test_budgets_beyond_the_context_by_themselves_say_so_not_shorten_the_prompt(tmp_path):
+    """Max think 100000 on a 2,048-position model: the budgets alone pass the context, so the message
+    says to lower them (never "shorten the prompt to 0 tokens")."""
+    from ssr_ui.handlers import Studio
+
+    studio = Studio(db=str(tmp_path / "runs.db"))
+    strip = _plain(list(studio.run("What is 3 plus 4?", "Baseline", "tiny-reasoner", max_think=100000))[-1].metrics)
+    assert "beyond tiny-reasoner's context of" in strip and "before any prompt: lower max_think / max_answer" in strip
+    assert "shorten the prompt" not in strip and "at most 0 tokens" not in strip
+    assert studio.history() == []
+    long = "word " * 1500  # a prompt that does not fit with the budgets still gets the prompt's advice
+    assert "shorten the prompt" in _plain(list(studio.run(long, "Baseline", "tiny-reasoner", max_think=1000))[-1].metrics)

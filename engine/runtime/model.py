@@ -178,6 +178,11 @@ class LoadedModel:
     def check_fits(self, prompt_tokens: int, new_tokens: int) -> None:
         """ValueError, before anything runs, when a run could pass the model's context length."""
         limit = self.context_length
+        if limit and new_tokens >= limit:  # the budgets alone pass it: no prompt is short enough
+            raise ValueError(
+                f"this run may add {new_tokens} tokens (max_think + max_answer), beyond {self.model_id}'s context of "
+                f"{limit} positions before any prompt: lower max_think / max_answer (with this {prompt_tokens}-token "
+                f"prompt, at most {max(limit - prompt_tokens, 0)} in all)")
         if limit and prompt_tokens + new_tokens > limit:
             raise ValueError(
                 f"the prompt is {prompt_tokens} tokens and this run may add {new_tokens} more "
