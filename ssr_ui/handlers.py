@@ -339,8 +339,9 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         if done.stats.flops and base_flops:
             out["flops_ratio"] = done.stats.flops / statistics.median(base_flops)
         exited = run["method"] in LOSSY and done.stats.exit_at is not None  # it parts from baseline by design there
-        if cfg.greedy and not exited and isinstance(lm, LoadedModel) and getattr(done, "reasoning_ids", None) is not None:
-            out["agreement"] = agreement(lm, run["prompt"], base_ids(), done.reasoning_ids + done.answer_ids)
+        if cfg.greedy and not exited and getattr(done, "reasoning_ids", None) is not None:  # token by token
+            out["agreement"] = agreement(lm if isinstance(lm, LoadedModel) else None, run["prompt"], base_ids(),
+                                         done.reasoning_ids + done.answer_ids)
         return out
 
     def rsd_rule(self, model_name: str, cfg: RunConfig) -> str:

@@ -96,7 +96,9 @@ class PastRuns:
                 cfg = None
             if cfg is not None:
                 run = {**row, "prompt_hash": prompt_hash(row["prompt"]), "visitor": visitor}  # whoever asks, not the row
-                compare = self.compare_to_baseline(run, _Done(view.stats, row.get("answer_text") or ""), cfg)
+                done = _Done(view.stats, row.get("answer_text") or "", [t.token_id for t in view.reasoning],
+                             [t.token_id for t in view.answer])  # its tokens: checked against baseline's one by one
+                compare = self.compare_to_baseline(run, done, cfg)
         frame = Frame.of(view, metrics_html(view, str(row.get("method", "?")), compare))
         return dataclasses.replace(frame, prompt=str(row.get("prompt", "")))
 
@@ -107,6 +109,8 @@ class _Done:
 
     stats: RunStats
     answer_text: str
+    reasoning_ids: list[int]
+    answer_ids: list[int]
 
 
 def _run_id(value) -> int:

@@ -238,4 +238,4 @@ def test_an_imported_trace_is_compared_with_the_importers_own_baselines_only(tmp
     path.write_text(json.dumps(doc))
     own = studio.import_trace(str(path), a).metrics
     theirs = studio.import_trace(str(path), studio.visitor("b")).metrics
-    assert "same answer" in own and "same answer" not in theirs
+    assert "same as baseline" in own and "same as baseline" not in theirs

@@ -61,7 +61,7 @@ def test_trust_vs_baseline_needs_a_baseline_with_the_same_settings(studio):
     _strip(studio, "Baseline", exact=True)
     strip = _strip(studio, "SSR", exact=True, seed=7)  # greedy: the seed changes nothing, so it is not matched
     assert re.search(r"x latency \(1 baseline run, \d+ s old\): same model, settings \(greedy: any seed\)", strip)
-    assert "same answer" in strip
+    assert "same as baseline" in strip
 
 
 def test_trust_sampled_runs_match_on_temperature_top_p_and_seed(studio):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from engine.config import RunConfig
@@ -52,7 +54,7 @@ def test_run_streams_logs_and_compares(studio):
     baseline = list(studio.run("hello <b>world</b>", "Baseline", "tiny", **SMALL))
     frames = list(studio.run("hello <b>world</b>", "SSR", "tiny", **SMALL))
     assert len(frames) >= 2
-    assert "same answer" in frames[-1].metrics and "✔" in frames[-1].metrics
+    assert "same as baseline" in frames[-1].metrics and "✔ identical" in frames[-1].metrics  # token by token
     assert "vs baseline" in frames[-1].metrics
     assert "<b>" not in frames[-1].answer
     rows = studio.history()
@@ -446,3 +448,30 @@ def test_budgets_beyond_the_context_by_themselves_say_so_not_shorten_the_prompt(
     assert studio.history() == []
     long = "word " * 1500  # a prompt that does not fit with the budgets still gets the prompt's advice
     assert "shorten the prompt" in _plain(list(studio.run(long, "Baseline", "tiny-reasoner", max_think=1000))[-1].metrics)
+
+
+def test_a_replay_an_import_and_the_html_export_keep_the_token_level_check(tmp_path):
+    """The live strip said "same as baseline ✔ identical"; a History replay, a JSON import and the
+    HTML export say the same (not the weaker "same answer ✔"), in a fresh studio where the model is
+    not even loaded; a run whose tokens differ says where, without inventing a margin."""
+    from ssr_ui.handlers import Studio
+
+    def flat(markup: str) -> str:
+        return " ".join(_plain(markup).split())
+
+    db = str(tmp_path / "runs.db")
+    live = Studio(db=db)
+    prompt = "What is 3 plus 4?"
+    list(live.run(prompt, "Baseline", "tiny-reasoner", max_think=40, max_answer=20))
+    strip = flat(list(live.run(prompt, "SSR", "tiny-reasoner", max_think=40, max_answer=20))[-1].metrics)
+    assert "same as baseline ✔ identical" in strip
+    fresh = Studio(db=db)  # nothing loaded
+    ssr = fresh.history("ssr")[0]["id"]
+    assert "same as baseline ✔ identical" in flat(fresh.replay(ssr).metrics)
+    assert "same as baseline ✔ identical" in flat(fresh.import_trace(fresh.export(ssr, "json")).metrics)
+    page = Path(fresh.export(ssr, "html")).read_text(encoding="utf-8")
+    assert "same as baseline" in page and "✔ identical" in page and "same answer" not in page
+    from engine.tools.agreement import agreement
+
+    assert str(agreement(None, prompt, [1, 2, 3], [1, 2, 4])) == (
+        "diverged at token 2 (its top-2 logit margin is measured where the model is loaded)")

@@ -58,6 +58,8 @@ class Agreement:
     def __str__(self) -> str:
         if self.kind == "identical":
             return "identical"
+        if self.kind == "numeric" and self.margin is None:
+            return f"diverged at token {self.at} (its top-2 logit margin is measured where the model is loaded)"
         if self.kind == "numeric":
             return f"diverged at token {self.at} (top-2 logit margin {self.margin:.3g})"
         if self.kind == "budget":
@@ -69,16 +71,20 @@ class Agreement:
                 "not a numeric one")
 
 
-def agreement(lm: LoadedModel, prompt: str, base_ids: list[int], other_ids: list[int], max_think: int | None = None,
-              name: str = "this run") -> Agreement:
+def agreement(lm: LoadedModel | None, prompt: str, base_ids: list[int], other_ids: list[int],
+              max_think: int | None = None, name: str = "this run") -> Agreement:
     """Compare ``other_ids`` (``name``'s run) with plain decoding's ``base_ids`` (both reasoning +
-    answer). With the runs' ``max_think``, a difference inside a budget-forced marker is told apart."""
+    answer). With the runs' ``max_think``, a difference inside a budget-forced marker is told apart.
+    ``lm`` None (a past run whose model is not loaded): the token-level verdict alone, a numeric
+    divergence without its margin."""
     lengths = (len(other_ids), len(base_ids))
     n = next((i for i, (a, b) in enumerate(zip(base_ids, other_ids, strict=False)) if a != b), None)  # lengths may differ
     if n is None:
         if lengths[0] == lengths[1]:
             return Agreement("identical", lengths=lengths, name=name)
         return Agreement("length", min(lengths), lengths=lengths, name=name)
+    if lm is None:
+        return Agreement("numeric", n, lengths=lengths, name=name)
     for ids, who in ((base_ids, "baseline"), (other_ids, name)):
         if forced_marker(lm.markers, ids, max_think, n):
             return Agreement("budget", n, lengths=lengths, forced_by=who, name=name)
