@@ -67,13 +67,18 @@ def latency_bars(latencies: dict[str, float | None], note: str = "") -> go.Figur
 
 
 def latency_by_method(rows: list[dict]) -> go.Figure:
-    """History: the distribution of latency per method over logged runs."""
+    """History: the distribution of latency per method over logged runs; runs of several models are
+    split by model (one box per method and model: a 270M model's baseline never pools with a 135M's)."""
     fig = go.Figure()
-    for method in sorted({r["method"] for r in rows}):
-        ys = [r["wall_s"] for r in rows if r["method"] == method and r["status"] == "ok" and r["wall_s"]]
+    models = sorted({r.get("model") or "?" for r in rows})
+    for method, model in sorted({(r["method"], r.get("model") or "?") for r in rows}, key=lambda mm: (mm[1], mm[0])):
+        ys = [r["wall_s"] for r in rows if r["method"] == method and (r.get("model") or "?") == model
+              and r["status"] == "ok" and r["wall_s"]]
         if ys:
-            fig.add_trace(go.Box(y=ys, name=method, marker_color=COLORS.get(method, "#888"), boxpoints="all"))
-    _layout(fig, "Latency by method", yaxis_title="seconds", showlegend=False)
+            fig.add_trace(go.Box(y=ys, name=method if len(models) == 1 else f"{method} · {model}",
+                                 marker_color=COLORS.get(method, "#888"), boxpoints="all"))
+    _layout(fig, "Latency by method" + (f" and model ({len(models)} models)" if len(models) > 1 else ""),
+            yaxis_title="seconds", showlegend=False)
     return fig if fig.data else _empty(fig, "No finished runs yet: run something on the Run tab.")
 
 

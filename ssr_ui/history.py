@@ -21,11 +21,13 @@ class PastRuns:
     """History, export, import and replay over ``self.log`` (a :class:`~engine.runlog.RunLog`);
     a replayed run's ratio to its baselines comes from ``self.compare_to_baseline``, as live."""
 
-    def history(self, method: str = "all", limit: int = 200, dataset: str = "all", visitor: str | None = None) -> list[dict]:
-        """Newest runs first, of ``method`` and ``dataset`` ("all": any), each with ``flag``: why
-        its timing is an outlier for its kind, or "" (``engine.runlog.compare.slow_runs``).
+    def history(self, method: str = "all", limit: int = 200, dataset: str = "all", visitor: str | None = None,
+                model: str = "all") -> list[dict]:
+        """Newest runs first, of ``method``, ``dataset`` and ``model`` ("all": any), each with
+        ``flag``: why its timing is an outlier for its kind, or "" (``engine.runlog.compare.slow_runs``).
         ``visitor``: that visitor's runs only (a shared studio); None: every run."""
-        filters = {k: v for k, v in (("method", method), ("dataset", dataset)) if v not in ("", "all", None)}
+        filters = {k: v for k, v in (("method", method), ("dataset", dataset), ("model", model))
+                   if v not in ("", "all", None)}
         if visitor is not None:
             filters["visitor"] = visitor
         rows = self.log.runs(limit=limit, **filters)
@@ -33,10 +35,10 @@ class PastRuns:
         return [{**r, "flag": slow.get(r["id"], "")} for r in rows]
 
     def export(self, run_id: int | None, kind: str, method: str = "all", dataset: str = "all",
-               visitor: str | None = None) -> str:
+               visitor: str | None = None, model: str = "all") -> str:
         """Write run ``run_id`` (``kind`` "json" or "html") or the runs table ("csv", the runs of
-        ``method`` and ``dataset`` as History's filters show them) to a file in a temporary folder;
-        returns its path. ``visitor``: only that visitor's runs (another's id is refused as unknown)."""
+        ``method``, ``dataset`` and ``model`` as History's filters show them) to a file in a temporary
+        folder; returns its path. ``visitor``: only that visitor's runs (another's id is refused as unknown)."""
         import tempfile
 
         from ssr_ui.export import run_to_html, run_to_json, runs_to_csv
@@ -44,7 +46,8 @@ class PastRuns:
         folder = Path(tempfile.mkdtemp(prefix="ssr-studio-"))
         if kind == "csv":
             path = folder / ("runs.csv" if method in ("", "all", None) else f"runs-{method}.csv")
-            path.write_text(runs_to_csv(self.history(method, limit=100_000, dataset=dataset, visitor=visitor)),
+            path.write_text(runs_to_csv(self.history(method, limit=100_000, dataset=dataset, visitor=visitor,
+                                                         model=model)),
                             encoding="utf-8")
             return str(path)
         run_id = _run_id(run_id)

@@ -302,6 +302,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                 method_filter = gr.Dropdown(["all", *METHODS], value="all", label="Method")
                 dataset_filter = gr.Dropdown(["all"], value="all", label="Dataset", allow_custom_value=True,
                                              info="runs of one benchmark's dataset")
+                model_filter = gr.Dropdown(["all"], value="all", label="Model", allow_custom_value=True,
+                                           elem_id="history-model", info="runs of one model (all: charts split by model)")
                 hide_slow = gr.Checkbox(value=True, label="Leave out runs flagged slow", elem_id="hide-slow",
                                         info=f"a run over {SLOW_FACTOR:g}x its kind's median time per forward "
                                              "(busy machine, cold start): out of the table, the charts and the "
@@ -531,11 +533,11 @@ def build_app(studio: Studio) -> gr.Blocks:
             done_typing(think_changed, [max_think, draft_start], [draft_start], **PRIVATE)
 
         # ------------------------------------------------------------------ wiring: history
-        def load_history(request: gr.Request, method_name, dataset_name="all", leave_out_slow=True):
+        def load_history(request: gr.Request, method_name, dataset_name="all", leave_out_slow=True, model_name="all"):
             visitor = studio.visitor(request.session_hash)  # a shared studio: this visitor's runs alone
             try:
-                rows = studio.history(method_name, dataset=dataset_name, visitor=visitor)
-                names = studio.log.datasets(visitor)
+                rows = studio.history(method_name, dataset=dataset_name, visitor=visitor, model=model_name)
+                names, models = studio.log.used("dataset", visitor), studio.log.used("model", visitor)
             except RunLogError as err:  # the log cannot be read now: keep what History shows, and say why
                 gr.Warning(f"History not refreshed: {err}")
                 return tuple(gr.update() for _ in history_outputs)
@@ -547,19 +549,21 @@ def build_app(studio: Studio) -> gr.Blocks:
                     if flagged else "no run flagged slow")
             table_rows = [[_cell(c, r.get(c)) for c in HISTORY_COLUMNS] for r in rows]
             picked = dataset_name if dataset_name in names else "all"
+            model_picked = model_name if model_name in models else "all"
             return (table_rows, charts.latency_by_method(rows), charts.token_composition(rows),
                     charts.speedup_vs_draft_start(rows), charts.rsd_by_threshold(rows), charts.accuracy_by_method(rows),
                     charts.acceptance_by_method(rows), charts.exit_by_k(rows),
-                    gr.update(choices=["all", *names], value=picked),
+                    gr.update(choices=["all", *names], value=picked), gr.update(choices=["all", *models], value=model_picked),
                     f'<div class="metrics status">{html.escape(note)}</div>')
 
         history_outputs = [table, c_latency, c_tokens, c_speedup, c_rsd, c_accuracy, c_acceptance, c_exit, dataset_filter,
-                           history_note]
-        history_inputs = [method_filter, dataset_filter, hide_slow]
+                           model_filter, history_note]
+        history_inputs = [method_filter, dataset_filter, hide_slow, model_filter]
         refresh.click(load_history, history_inputs, history_outputs, api_name="history")
         method_filter.change(load_history, history_inputs, history_outputs, **PRIVATE)
         hide_slow.input(load_history, history_inputs, history_outputs, **PRIVATE)
         dataset_filter.input(load_history, history_inputs, history_outputs, **PRIVATE)
+        model_filter.input(load_history, history_inputs, history_outputs, **PRIVATE)
         history_tab.select(load_history, history_inputs, history_outputs, **PRIVATE)
         demo.load(load_history, history_inputs, history_outputs, **PRIVATE)
         for event in (run_event, sweep_event, bench_event):
@@ -581,15 +585,16 @@ def build_app(studio: Studio) -> gr.Blocks:
         show.click(replay, [run_id, h_tl_x], past_outputs, api_name="replay")
 
         def exporter(kind):
-            def do_export(request: gr.Request, rid, method_name, dataset_name):
+            def do_export(request: gr.Request, rid, method_name, dataset_name, model_name):
                 try:
-                    return studio.export(rid, kind, method_name, dataset_name, studio.visitor(request.session_hash)), ""
+                    return studio.export(rid, kind, method_name, dataset_name, studio.visitor(request.session_hash),
+                                         model_name), ""
                 except ValueError as err:
                     return None, error_html(str(err))
             return do_export
 
         for button, kind in ((export_json, "json"), (export_html, "html"), (export_csv, "csv")):
-            button.click(exporter(kind), [run_id, method_filter, dataset_filter], [exported, h_metrics],
+            button.click(exporter(kind), [run_id, method_filter, dataset_filter, model_filter], [exported, h_metrics],
                          **PRIVATE)
 
         def do_import(request: gr.Request, path, x):

@@ -475,3 +475,25 @@ def test_a_replay_an_import_and_the_html_export_keep_the_token_level_check(tmp_p
 
     assert str(agreement(None, prompt, [1, 2, 3], [1, 2, 4])) == (
         "diverged at token 2 (its top-2 logit margin is measured where the model is loaded)")
+
+
+def test_history_filters_by_model_and_its_latency_chart_never_pools_models(tmp_path):
+    """History's Model filter keeps one model's runs (table, charts, CSV export); with every model shown,
+    "Latency by method" has one box per method and model."""
+    from ssr_ui.handlers import Studio
+
+    studio = Studio(db=str(tmp_path / "runs.db"))
+    for model in ("tiny-reasoner", "tiny-reasoner-draft"):
+        for method in ("Baseline", "SSR"):
+            list(studio.run("What is 3 plus 4?", method, model, max_think=30, max_answer=10))
+    assert studio.log.used("model") == ["tiny-reasoner-draft", "tiny-reasoner"]
+    mine = studio.history(model="tiny-reasoner")
+    assert len(mine) == 2 and {r["model"] for r in mine} == {"tiny-reasoner"}
+    split = charts.latency_by_method(studio.history())
+    assert sorted(t.name for t in split.data) == ["baseline · tiny-reasoner", "baseline · tiny-reasoner-draft",
+                                                  "ssr · tiny-reasoner", "ssr · tiny-reasoner-draft"]
+    assert [t.name for t in charts.latency_by_method(mine).data] == ["baseline", "ssr"]
+    csv_text = Path(studio.export(None, "csv", model="tiny-reasoner")).read_text(encoding="utf-8")
+    assert csv_text.count("tiny-reasoner-draft") == 0 and csv_text.count("tiny-reasoner") >= 2
+    with pytest.raises(ValueError, match="by dataset or model"):
+        studio.log.used("prompt")

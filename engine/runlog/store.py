@@ -276,13 +276,16 @@ class RunLog:
             raise ValueError(f"no run with id {run_id} in {self.path}")
         return row
 
-    def datasets(self, visitor: str | None = None) -> list[str]:
-        """The datasets runs were logged under (``visitor``'s runs only, if given), the most recently
-        used first."""
+    def used(self, column: str, visitor: str | None = None) -> list[str]:
+        """The values runs were logged under in ``column`` ("dataset", "model"; ``visitor``'s runs
+        only, if given), the most recently used first."""
+        if column not in ("dataset", "model"):
+            raise ValueError(f"runs are listed by dataset or model, not {column!r}")
         mine = "" if visitor is None else " and visitor = ?"
         with self._db() as db:
-            return [r[0] for r in db.execute(f"select dataset from runs where dataset is not null{mine} "
-                                             "group by dataset order by max(id) desc", [] if visitor is None else [visitor])]
+            return [r[0] for r in db.execute(f"select [{column}] from runs where [{column}] is not null{mine} "
+                                             f"group by [{column}] order by max(id) desc",
+                                             [] if visitor is None else [visitor])]
 
     def columns(self) -> list[str]:
         with self._db() as db:
