@@ -28,6 +28,20 @@ from engine.registry import LOSSY, PLAIN
 CSS = (Path(__file__).resolve().parents[1] / "assets" / "studio.css").read_text()
 STATUS_LABEL = {"generated": "generated", "accepted": "accepted", "recovered": "suffix-recovered",
                 "rejected": "rejected"}
+LOOKUPS = ("prompt", "reasoning", "answer")  # a suffix match there is a lookup, not a draft's work
+
+
+def proposer(status: str, source: str | None) -> str | None:
+    """Who won a sped-up token, as the forwards' records name its proposer: "draft prefix",
+    "suffix in drafts", or "lookup in prompt" (reasoning, answer); None for a token the model chose
+    alone (or one proposed and not taken)."""
+    if status == "accepted" and source == "draft":
+        return "draft prefix"
+    if status in ("accepted", "recovered") and source in LOOKUPS:
+        return f"lookup in {source}"
+    if status == "recovered":
+        return "suffix in drafts"
+    return None
 
 
 @dataclass
@@ -65,15 +79,20 @@ class Tok:
             tip = f"ids {ids} (this text came over {len(self.joins) + 1} tokens)"
         else:
             tip = f"id {self.token_id}"
-        tip += f" · {STATUS_LABEL[self.status]}"
+        won = proposer(self.status, self.source)
+        tip += f" · {STATUS_LABEL[self.status] if won is None or won == 'draft prefix' else 'recovered'}"
         if self.source:
             where = f"draft {self.draft}" if self.source == "draft" and self.draft is not None else self.source
             tip += f" · from {where}" + (f" (match {self.match_len})" if self.match_len else "")
+        if won is not None:
+            tip += f" · won by the {won}"
         tip += f" · {self.t:.2f}s"
         if not self.text:
             tip += " · no text of its own: part of a character that a later token completes"
         f = "" if self.fwd is None else f' data-f="{self.fwd}"'
-        return f'<span class="tok st-{self.status}"{f} title="{html.escape(tip)}">{html.escape(text)}{after}</span>'
+        lookup = " src-lookup" if won is not None and won.startswith("lookup") else ""
+        return (f'<span class="tok st-{self.status}{lookup}"{f} title="{html.escape(tip)}">'
+                f'{html.escape(text)}{after}</span>')
 
 
 @dataclass
@@ -401,6 +420,17 @@ class TraceView:
     def finished(self) -> bool:
         return self.phase in ("done", "stopped", "cancelled", "error", "ok")
 
+    def saved_by(self) -> dict[str, int]:
+        """Per proposer, the forwards it saved so far: the proposal tokens its verifies accepted
+        (each is one forward fewer than one-token decoding), from the forwards' own records; the
+        ones that saved most first."""
+        saved: dict[str, int] = {}
+        for fwd in self.forwards:
+            for r in fwd.rows:
+                if r.proposer and r.accepted:
+                    saved[r.proposer] = saved.get(r.proposer, 0) + r.accepted
+        return dict(sorted(saved.items(), key=lambda kv: -kv[1]))
+
     def counts(self) -> dict[str, int]:
         """The strip's counters, from the events so far (``engine.events.TokenTally``)."""
         s = self.tally.stats
@@ -439,9 +469,10 @@ def _pane(spans: list[str], empty: str) -> str:
 
 LEGEND = (
     '<div class="legend">'
-    '<span class="tok st-accepted">accepted</span> taken from the draft by prefix verification · '
-    '<span class="tok st-recovered">suffix-recovered</span> taken after a mismatch by suffix matching '
-    '(in the reasoning: verified from a lookup in the prompt or the reasoning) · '
+    '<span class="tok st-accepted">accepted</span> won by the draft prefix (the draft, verified) · '
+    '<span class="tok st-recovered">suffix-recovered</span> won by a suffix of a draft, after a mismatch · '
+    '<span class="tok st-recovered src-lookup">lookup</span> won by a match in the prompt, the reasoning or the '
+    'answer itself, not by a draft (hover: which) · '
     '<span class="tok st-generated">generated</span> the model\'s own token · '
     '<span class="tok st-rejected">rejected</span> proposed, not taken · '
     '<span class="fork">▼</span> where a draft forked · RSD: <span class="step step-draft">draft 0.91</span> a draft '
@@ -461,6 +492,9 @@ TERMS = {
     "recovered": "answer tokens taken after a mismatch by suffix matching, or from a verified lookup",
     "generated": "answer tokens the model picked itself",
     "rejected": "draft tokens proposed and never taken (struck through in the Draft pane)",
+    "forwards saved": "per proposer, the proposal tokens its verifies accepted: each is one forward fewer than "
+                      "decoding one token per forward (draft prefix and suffix in drafts: the drafts' work; a lookup: "
+                      "a match in the prompt, the reasoning or the answer, which needs no draft)",
     "lookup misses": "tokens proposed from the prompt, the reasoning or the answer (context lookup) that "
                      "verification did not take",
     "KV cache": "memory of the run's preallocated key/value buffers: every row (main and drafts), every model, "
@@ -556,6 +590,9 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         items.insert(3, ("first answer token", f"{view.stats.ttft_s:.2f} s"))
     if view.stats and view.stats.rejected_lookup:
         items.append(("lookup misses", str(view.stats.rejected_lookup)))
+    saved = view.saved_by()
+    if saved:
+        items.append(("forwards saved", " · ".join(f"{who} {n}" for who, n in saved.items())))
     if compare is not None and not compare.get("baselines"):
         left = _left_out(compare.get("pool") or {})
         items.append(("vs baseline", "no baseline run with these settings yet: run Baseline with them" if not left

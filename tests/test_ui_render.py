@@ -497,3 +497,41 @@ def test_history_filters_by_model_and_its_latency_chart_never_pools_models(tmp_p
     assert csv_text.count("tiny-reasoner-draft") == 0 and csv_text.count("tiny-reasoner") >= 2
     with pytest.raises(ValueError, match="by dataset or model"):
         studio.log.used("prompt")
+
+
+def test_every_sped_up_token_is_marked_by_the_proposer_that_won_it_live_replayed_and_exported(tmp_path):
+    """Issue 41's attribution: a token won by a lookup (prompt, reasoning, answer) is marked apart from
+    one won by a draft (prefix or suffix), with the proposer in its tooltip; per proposer, the tokens
+    marked equal the forwards the strip says it saved; a replay, an import and the HTML export agree."""
+    import re
+
+    from ssr_ui.handlers import Studio
+    from ssr_ui.render import Tok, proposer
+
+    assert [proposer(*a) for a in (("accepted", "draft"), ("recovered", "draft"), ("recovered", "reasoning"),
+                                   ("recovered", "prompt"), ("generated", None), ("rejected", "draft"))] == [
+        "draft prefix", "suffix in drafts", "lookup in reasoning", "lookup in prompt", None, None]
+    tok = Tok(7, "x", "recovered", 0.5, source="answer", match_len=3).span()
+    assert 'class="tok st-recovered src-lookup"' in tok and "won by the lookup in answer" in tok
+    assert "src-lookup" not in Tok(7, "x", "recovered", 0.5, draft=0, source="draft").span()
+
+    def marks(pane_html: str) -> dict[str, int]:
+        won = re.findall(r'title="[^"]*won by the ([a-z ]+?)(?: ·|")', pane_html)
+        return {who: won.count(who) for who in set(won)}
+
+    studio = Studio(db=str(tmp_path / "runs.db"))
+    prompt = make_example("classes", 1500004).prompt
+    live = list(studio.run(prompt, "SSR", "tiny-reasoner"))[-1]
+    saved = live.view.saved_by()
+    assert {"draft prefix", "suffix in drafts"} <= set(saved)
+    assert marks(live.reasoning + live.answer) == saved
+    assert "forwards saved" in live.metrics and " · ".join(f"{w} {n}" for w, n in saved.items()) in live.metrics
+    rid = studio.history("ssr")[0]["id"]
+    replay = studio.replay(rid)
+    imported = studio.import_trace(studio.export(rid, "json"))
+    for frame in (replay, imported):
+        assert marks(frame.reasoning + frame.answer) == saved and "forwards saved" in frame.metrics
+    page = Path(studio.export(rid, "html")).read_text(encoding="utf-8")
+    panes = (page.split("<h2>Reasoning</h2>")[1].split("<h2>Draft</h2>")[0]
+             + page.split("<h2>Final answer</h2>")[1].split("<h2>Timeline")[0])  # (the Draft pane: the drafts' side)
+    assert marks(panes) == saved and "forwards saved" in page
