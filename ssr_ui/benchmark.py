@@ -1,9 +1,11 @@
 """The studio's Benchmark tab behind the page: a dataset slice (an uploaded file, or a dataset name
 when the Hub is reachable) run with the chosen methods through the bench's own loop
-(``engine.benchmarks.runner``), so the tab and ``python -m engine.tools.bench`` give the same answers
-and grades. Each finished run updates a progress bar, the summary table (``engine.benchmarks.summary``),
-the per-run table and the charts History draws; Stop ends it at the next event (the run in flight
-is logged ``cancelled``); every run is logged with its dataset, which History filters by.
+(``engine.benchmarks.runner``), warm-up included, so the tab and ``python -m engine.tools.bench`` give
+the same answers, grades and verdicts. Each finished run updates a progress bar, the summary table
+(``engine.benchmarks.summary``), one verdict per method against baseline in the bench's own words
+(``summary.verdict_lines``), the per-run table (with each run's log id) and the charts History
+draws (their x axis: the same ids); Stop ends it at the next event (the run in flight is logged
+``cancelled``); every run is logged with its dataset, which History filters by.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from engine.benchmarks.problems import BUNDLED_SETS, TASKS, Source, is_file_spec, is_hub_spec, load_problems, reach_hub
 from engine.benchmarks.runner import Bench
-from engine.benchmarks.summary import summarize, table_cells, tokens_per_forward
+from engine.benchmarks.summary import summarize, table_cells, tokens_per_forward, verdict_lines
 from engine.config import number
 from engine.methods.exit.budget import METHOD as EXIT
 from engine.methods.rsd.loop import check_pair
@@ -32,7 +34,7 @@ BENCH_METHODS = ("baseline", "ssr", EXIT, "rsd", "target")
 SSR_FAMILY = ("ssr", EXIT)  # need think markers and a draft start inside the reasoning
 MAX_ROWS = 200  # problems per benchmark in the studio (the bench CLI has no bound)
 MAX_REPEAT = 5
-RUN_COLUMNS = ["problem", "repeat", "method", "correct", "latency s", "answer tokens", "tok / forward", "answer"]
+RUN_COLUMNS = ["run id", "problem", "repeat", "method", "correct", "latency s", "answer tokens", "tok / forward", "answer"]
 
 
 # while runs stream, the status line moves on every run, the tables redraw at most every REDRAW_S seconds and the
@@ -50,6 +52,7 @@ class BenchFrame:
     summary: dict | None = field(default_factory=lambda: {"headers": ["method"], "data": []})
     runs: dict | None = field(default_factory=lambda: {"headers": RUN_COLUMNS, "data": []})
     figures: tuple | None = (None,) * 5  # accuracy, latency, answer tokens, acceptance, early exit by k
+    verdicts: list[str] = field(default_factory=list)  # the verdict lines in ``status`` (kept by the frames between)
 
     def as_tuple(self) -> tuple:
         return (self.status, self.summary, self.runs, *(self.figures or (None,) * 5))
@@ -60,27 +63,32 @@ class BenchFrame:
         return (False, self.summary is None, self.runs is None, *(self.figures is None,) * 5)
 
 
-def progress_html(done: int, total: int, note: str) -> str:
+def progress_html(done: int, total: int, note: str, verdicts: list[str] | None = None) -> str:
+    """The progress bar and note, then one cell per verdict line ("ssr vs baseline" over "faster: ...")."""
     share = done / total if total else 0.0
+    cells = "".join(f'<div class="metric"><div class="k">{html.escape(who)}</div><div class="v">{html.escape(what)}</div></div>'
+                    for who, what in (line.split(": ", 1) for line in verdicts or []))
     return (f'<div class="metrics bench-status"><div class="bench-bar" role="progressbar" aria-valuenow="{done}" '
             f'aria-valuemax="{total}"><span style="width:{share:.1%}"></span></div>'
-            f'<span class="bench-note">{html.escape(note)}</span></div>')
+            f'<span class="bench-note">{html.escape(note)}</span></div>'
+            + (f'<div class="metrics bench-verdicts">{cells}</div>' if cells else ""))
 
 
 def _run_row(r: dict) -> list:
     correct = {True: "✓", False: "✗"}.get(r.get("correct"), "-")
     per = tokens_per_forward(r)
     answer = " ".join(r["answer_text"].split())
-    return [r["prompt_id"], r["repeat"], r["method"], correct, round(r["latency_s"], 3), r["answer_tokens"],
+    return ["-" if r.get("run_id") is None else r["run_id"], r["prompt_id"], r["repeat"], r["method"], correct, round(r["latency_s"], 3), r["answer_tokens"],
             "-" if per is None else round(per, 2), answer[:80] + ("…" if len(answer) > 80 else "")]
 
 
 def _as_logged(runs: list[dict], configs: dict | None = None) -> list[dict]:
-    """The benchmark's runs as History's charts read runs-table rows (the newest first); ``configs``:
-    each method's settings (the early-exit chart groups by them)."""
+    """The benchmark's runs as History's charts read runs-table rows (the newest first), each with its
+    log id (the one History's "run id" box takes; its place in the benchmark for a run not logged);
+    ``configs``: each method's settings (the early-exit chart groups by them)."""
     configs = configs or {}
-    return [{"config": configs.get(r["method"]), **r, "id": n, "status": "ok", "correct": r.get("correct")}
-            for n, r in enumerate(runs, 1)][::-1]
+    return [{"config": configs.get(r["method"]), **r, "id": r.get("run_id") or n, "status": "ok",
+             "correct": r.get("correct")} for n, r in enumerate(runs, 1)][::-1]
 
 
 class BenchmarkRuns:
@@ -154,24 +162,27 @@ class BenchmarkRuns:
             yield BenchFrame(progress_html(0, total, "stopped while in line for the model: nothing ran"))
             return
         runs: list[dict] = []
-        try:
-            cold = [m for m in bench.methods if not self.is_warm(lm, m, bench.config(m))]
-            if cold:  # the studio's own warm-up, once per kind of run (ssr_ui.shelf), as the Run tab's
-                yield BenchFrame(progress_html(0, total, f"{label}: {len(problems)} problems; warming up "
-                                                         f"{', '.join(cold)} once (untimed, not logged)…"))
-                for m in cold:
-                    self.warm(lm, m, bench.config(m), models)
+        try:  # the bench CLI's warm-up (each method once on the first problem), so both time the same way
+            yield BenchFrame(progress_html(0, total, f"{label}: {len(problems)} problems; warming up "
+                                                     f"{', '.join(bench.methods)} once on the first problem "
+                                                     "(untimed, not logged)…"))
+            if not bench.warm_up(problems[0], stop=lambda: job.cancelled):
+                yield BenchFrame(progress_html(0, total, "stopped during the warm-up: no run was timed or logged"))
+                return
+            history = bench.history()  # the log's earlier runs of the model: their steady time per forward
             yield BenchFrame(progress_html(0, total, f"run 1 of {total} in flight ({label}; timed)…"))
             drawn = charted = -CHARTS_S
+            said: list[str] = []  # the verdicts of the last redraw, on the progress line's frames between
             for r in bench.runs(problems, int(repeat), stop=lambda: job.cancelled,
                                 wrap=lambda events, last: claimed(events, job, last)):
                 runs.append(r)
                 note = f"{len(runs)} of {total} runs ({label})"
                 now = time.monotonic()
                 if now - drawn < REDRAW_S:  # the progress bar moves on every run; the rest at its next redraw
-                    yield BenchFrame(progress_html(len(runs), total, note), None, None, None)
+                    yield BenchFrame(progress_html(len(runs), total, note, said), None, None, None)
                     continue
-                frame, drawn = self._bench_frame(runs, total, note, cfg.greedy, settings_used), now
+                frame, drawn = self._bench_frame(runs, total, note, cfg.greedy, settings_used, history), now
+                said = frame.verdicts
                 if now - charted >= CHARTS_S:
                     charted = now
                 else:
@@ -181,18 +192,21 @@ class BenchmarkRuns:
             self.line.release(ticket)
         if len(runs) < total:
             yield self._bench_frame(runs, total, f"stopped after {len(runs)} of {total} runs (the run in flight "
-                                                 "is logged as cancelled)", cfg.greedy, settings_used)
+                                                 "is logged as cancelled)", cfg.greedy, settings_used, history)
         else:
             yield self._bench_frame(runs, total, f"done: {total} runs on {len(problems)} problems of {label}, "
-                                                 "every run logged", cfg.greedy, settings_used)
+                                                 "every run logged", cfg.greedy, settings_used, history)
 
     @staticmethod
-    def _bench_frame(runs: list[dict], total: int, note: str, greedy: bool, configs: dict | None = None) -> BenchFrame:
+    def _bench_frame(runs: list[dict], total: int, note: str, greedy: bool, configs: dict | None = None,
+                     history: list[dict] | None = None) -> BenchFrame:
         if not runs:
             return BenchFrame(progress_html(0, total, note))
-        heads, cells = table_cells(summarize(runs, greedy))
+        summary = summarize(runs, greedy, history)
+        heads, cells = table_cells(summary)
         rows = _as_logged(runs, configs)
-        return BenchFrame(progress_html(len(runs), total, note), {"headers": heads, "data": cells},
+        said = verdict_lines(summary)
+        return BenchFrame(progress_html(len(runs), total, note, said), {"headers": heads, "data": cells},
                           {"headers": RUN_COLUMNS, "data": [_run_row(r) for r in runs]},
                           (charts.accuracy_by_method(rows), charts.latency_by_method(rows), charts.token_composition(rows),
-                           charts.acceptance_by_method(rows), charts.exit_by_k(rows)))
+                           charts.acceptance_by_method(rows), charts.exit_by_k(rows)), said)

@@ -52,7 +52,11 @@ def test_bench_end_to_end(model_dir, prompts, tmp_path, capsys):
     logged = RunLog(db).runs(limit=100)
     assert len(logged) == 16 and {r["origin"] for r in logged} == {"bench"}
     printed = capsys.readouterr().out
-    assert "latency / baseline (median per problem)" in printed and "latency IQR" in printed  # labelled, with spread
+    # the compact table (issue 43 b): labelled, the ratio with its spread, lines a terminal holds
+    lines = printed.splitlines()
+    table = lines[lines.index(next(line for line in lines if line.startswith("  method"))):][:1 + 4]  # 4 methods
+    assert "/ baseline (IQR)" in table[0] and "verdict" in table[0] and max(map(len, table)) <= 100, table
+    assert any(line.startswith(("ssr vs baseline: ", "hf vs baseline: ")) for line in printed.splitlines())
     lo, hi = summary["ssr"]["latency_iqr_s"]
     ssr = sorted(r["latency_s"] for r in result["runs"] if r["method"] == "ssr")
     assert ssr[0] <= lo <= summary["ssr"]["median_latency_s"] <= hi <= ssr[-1]

@@ -12,7 +12,7 @@ import pytest
 from engine.benchmarks.grading import Grader, MathVerifier, chosen_letter, load_grader
 from engine.benchmarks.problems import Problem, Source, last_boxed, load_problems, parse_dataset
 from engine.benchmarks.summary import summarize, wilson
-from engine.runlog import RunLog
+from engine.runlog import RunLog, RunMeta
 from engine.tools import bench
 from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 
@@ -198,7 +198,7 @@ def test_bench_grades_the_bundled_suite_through_math_verify_and_logs_the_dataset
     out, db, table = tmp_path / "o.json", tmp_path / "runs.db", tmp_path / "runs.csv"
     common = ["--model", "tiny-reasoner", "--methods", "ssr,baseline", "--max-think", "60", "--warmup", "0"]
     assert bench.main([*common, "--dataset", path, "--task", "math", "--out", str(out), "--db", str(db),
-                       "--csv", str(table)]) == 0
+                       "--csv", str(table), "--full-table"]) == 0
     printed = capsys.readouterr().out
     assert "[" in printed and "4/4" in printed and "95% interval" in printed and "answer tok / forward" in printed
     result = json.loads(out.read_text())
@@ -230,6 +230,8 @@ def test_the_bench_and_the_benchmark_tab_agree_on_the_same_file(tmp_path):
     assert bench.main(["--dataset", path, "--methods", "baseline,ssr", "--repeat", "2", "--out", str(out)]) == 0
     by_bench = json.loads(out.read_text())["runs"]
     studio = Studio(db=str(tmp_path / "studio.db"))
+    for _ in range(3):  # runs logged before: the benchmark's ids start at 4
+        studio.log.save(RunMeta("baseline", "another", "a prompt"), [], "cancelled")
     frames = list(studio.benchmark(upload=path, methods=["ssr", "baseline"], limit=2, repeat=2))
     assert "done: 8 runs on 2 problems of same.jsonl" in frames[-1].status
     by_tab = [r for r in studio.log.runs(dataset="same.jsonl") if r["status"] == "ok"]
@@ -243,3 +245,11 @@ def test_the_bench_and_the_benchmark_tab_agree_on_the_same_file(tmp_path):
         assert lo_b <= hi_t and lo_t <= hi_b, (m, (lo_b, hi_b), (lo_t, hi_t))
     frame = frames[-1]
     assert frame.summary["headers"][:2] == ["method", "accuracy"] and len(frame.runs["data"]) == 8
+    # issue 43 (c): every run's log id (the one History's "run id" box takes) in the runs table and on the
+    # answer-token chart's x axis, not its place in the benchmark (the tempting wrong answer: 1..8)
+    ids = sorted(r["id"] for r in by_tab)
+    assert frame.runs["headers"][0] == "run id" and [row[0] for row in frame.runs["data"]] == ids
+    assert ids == list(range(4, 12))
+    by_origin = frame.figures[2]
+    assert by_origin.layout.xaxis.title.text == "run id" and sorted(by_origin.data[0].x) == ids
+    assert [line.split(":")[0] for line in frame.verdicts] == ["ssr vs baseline"]  # a verdict, as the CLI prints

@@ -1,8 +1,11 @@
 """The benchmark loop the bench CLI and the studio's Benchmark tab share: on every problem and
 repeat the methods run one after another (baseline first, so agreement can grade the others), so
-ratios hold on a noisy machine; every run is logged with its dataset and grade. A warm-up runs each
-method once, unlogged, before anything is timed (warm-up is not a measurement). ``watch`` sees every
-event of every run (warm-up included) as it comes: the CLI's live "tokens so far"."""
+ratios hold on a noisy machine; every run is logged with its dataset and grade (a result carries
+its log id, ``run_id``). A warm-up runs each method once on the first problem, unlogged, before
+anything is timed (warm-up is not a measurement): both callers run it the same way
+(:meth:`Bench.warm_up`). ``watch`` sees every event of every run (warm-up included) as it comes:
+the CLI's live "tokens so far". :meth:`Bench.history` is the log's earlier runs of the model, the
+steady time per forward a benchmark's verdicts are judged against (``engine.benchmarks.summary``)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from engine.config import RunConfig
 from engine.events import DoneEvent, Event
 from engine.methods.rsd.loop import RSD_METHODS
 from engine.registry import LOSSY, SINGLE_MODEL, decoder
-from engine.runlog import RunLog, RunMeta
+from engine.runlog import RunLog, RunMeta, prompt_hash
 from engine.runtime.model import LoadedModel
 from engine.tools.agreement import agreement
 
@@ -48,12 +51,25 @@ class Bench:
     def total(self, problems: list[Problem], repeat: int) -> int:
         return len(problems) * repeat * len(self.methods)
 
-    def warm_up(self, problem: Problem) -> None:
-        """Each method once on ``problem``, unlogged and untimed (compiles, caches, first-call costs)."""
+    def warm_up(self, problem: Problem, stop: Callable[[], bool] | None = None) -> bool:
+        """Each method once on ``problem``, unlogged and untimed (compiles, caches, first-call costs,
+        the allocations of a full-length run); False when ``stop()`` turned true first."""
         for m in self.methods:
-            for ev in self._decode(m)(problem.prompt, self.config(m)):
-                if self.watch is not None:
-                    self.watch(f"{problem.id} warm-up {m}", ev)
+            events = self._decode(m)(problem.prompt, self.config(m))
+            try:
+                for ev in events:
+                    if self.watch is not None:
+                        self.watch(f"{problem.id} warm-up {m}", ev)
+                    if stop is not None and stop():
+                        return False
+            finally:
+                getattr(events, "close", lambda: None)()
+        return True
+
+    def history(self, limit: int = 500) -> list[dict]:
+        """The log's latest runs of the target model (none without a log), read before the timed
+        runs: what its steady time per forward was (``summary.verdicts``)."""
+        return self.log.runs(limit=limit, model=self.models["target"].model_id) if self.log else []
 
     def config(self, method: str) -> RunConfig:
         """The settings ``method`` runs with."""
@@ -119,13 +135,26 @@ class Bench:
             return None
         stats = done.stats.to_dict()  # every RunStats field, named as in the runs table
         run = {"prompt_id": problem.id, "repeat": repeat, "latency_s": stats["wall_s"], **stats, "method": method,
-               "model": lm.model_id,
+               "model": lm.model_id, "device": meta.device, "dtype": meta.dtype, "config": meta.config,
+               "run_id": self._logged_id(meta),
                "dataset": self.dataset, "task": problem.task, "graded_by": self.grader.how(problem),
                "reference": problem.reference, "answer_text": done.answer_text, "answer_token_ids": done.answer_ids,
                "reasoning_token_ids": done.reasoning_ids}
         if (correct := grade(done.answer_text)) is not None:
             run["correct"] = correct
         return run
+
+
+    def _logged_id(self, meta: RunMeta) -> int | None:
+        """The log's id of the run just recorded under ``meta`` (its newest row of that method, model,
+        prompt, dataset, origin and visitor: the benchmark holds the model, so no other run of those
+        lands between), None without a log."""
+        if self.log is None:
+            return None
+        keys = {"method": meta.method, "model": meta.model, "prompt_hash": prompt_hash(meta.prompt),
+                "prompt_id": meta.prompt_id, "dataset": meta.dataset, "origin": meta.origin, "visitor": meta.visitor}
+        newest = self.log.runs(limit=1, **{k: v for k, v in keys.items() if v is not None})
+        return newest[0]["id"] if newest else None
 
 
 def add_agreement(lm, prompt: str, batch: list[dict], max_think: int | None = None) -> None:

@@ -4,7 +4,9 @@ Per method: accuracy with its Wilson 95% interval, latency and tokens/s with the
 first answer token, the median of per-problem latency and FLOPs ratios to ``baseline`` (and, for
 RSD's methods, to ``target``) with the ratios' IQR, SSR's answer tokens per target forward
 (Spec-Bench's mean accepted tokens: 1.0 for plain decoding), accepted and recovered tokens, RSD's
-share of draft steps kept, and for greedy runs how many answers equal baseline's.
+share of draft steps kept, and for greedy runs how many answers equal baseline's; and per method
+a verdict against baseline (:func:`verdict`): "faster", "slower", "cannot tell" or "unreliable",
+which the bench CLI and the studio's Benchmark tab print in the same words (:func:`verdict_lines`).
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ from pathlib import Path
 from engine.forwards import mean_accepted, merge, parse
 from engine.methods.rsd.loop import RSD_METHODS
 from engine.registry import SINGLE_MODEL
+from engine.runlog.compare import kind_key, per_forward, slow_runs
 
 Z95 = 1.959964
 WIDE = 0.25  # a ratio's IQR wider than this, or a latency IQR wider than this share of its median: say so
+MIN_RATIOS = 3  # per-problem ratios before a verdict: the quartiles of fewer say nothing about spread
+SAME = 0.05  # a ratio's whole IQR within 1 +- this: "about the same" (no difference a user would notice)
 
 
 def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -55,7 +60,11 @@ def _ratios(by: dict, m: str, ref: str, problems: list, key: str) -> list[float]
             for p in problems if (m, p) in by and (ref, p) in by and all(r[key] for r in by[(ref, p)])]
 
 
-def summarize(runs: list[dict], greedy: bool) -> list[dict]:
+def summarize(runs: list[dict], greedy: bool, history: list[dict] | None = None) -> list[dict]:
+    """Per method, the figures above (rows in the order methods first ran) and, where baseline ran,
+    each other method's ``verdict`` and ``verdict_why`` (:func:`verdict`; ``history``: the run
+    log's earlier runs of the model, rows as ``RunLog.runs`` gives them, for the steady time per
+    forward)."""
     methods = list(dict.fromkeys(r["method"] for r in runs))
     by: dict = {}
     for r in runs:
@@ -79,6 +88,7 @@ def summarize(runs: list[dict], greedy: bool) -> list[dict]:
                 if ratios:
                     row[f"median_latency_ratio_to_{ref}"] = statistics.median(ratios)
                     row[f"latency_ratio_iqr_to_{ref}"] = iqr(ratios)
+                    row[f"latency_ratios_to_{ref}"] = len(ratios)
                 flops = _ratios(by, m, ref, problems, "flops") if all(r.get("flops") for r in mine) else []
                 if flops:
                     row[f"median_flops_ratio_to_{ref}"] = statistics.median(flops)
@@ -110,7 +120,82 @@ def summarize(runs: list[dict], greedy: bool) -> list[dict]:
         row["median_accepted"] = statistics.median(r["accepted"] for r in mine)
         row["median_recovered"] = statistics.median(r["recovered"] for r in mine)
         summary.append(row)
+    if "baseline" in methods:
+        slow = slow_bench_runs(runs, history or [])
+        for row in summary:
+            if row["method"] != "baseline":
+                row["verdict"], row["verdict_why"] = verdict(row, _slowest(runs, slow, (row["method"], "baseline")))
     return summary
+
+
+def slow_bench_runs(runs: list[dict], history: list[dict]) -> dict[int, str]:
+    """The benchmark's runs flagged slow, by their index in ``runs``, with why: the run log's rule
+    (``engine.runlog.compare.slow_runs``: seconds per forward past ``SLOW_FACTOR`` times the median
+    of the finished runs of its kind), judged twice: among these runs and ``history`` together (a
+    few runs slower than the rest), and each run alone against ``history`` (the log's earlier runs
+    of the model: their steady median tells a benchmark that ran slow from start to end)."""
+    rows = [{**r, "status": "ok", "id": -(i + 1)} for i, r in enumerate(runs)]  # ids no logged run has
+    logged = {r.get("run_id") for r in runs} - {None}
+    kinds = {kind_key(r) for r in rows}
+    past = [r for r in history if r.get("id") not in logged and (r.get("id") or 0) > 0 and kind_key(r) in kinds]
+    flagged = {-rid - 1: why for rid, why in slow_runs(past + rows).items() if rid < 0}
+    for i, row in enumerate(rows):
+        if alone := slow_runs([*past, row]).get(row["id"]):
+            flagged[i] = alone
+    return flagged
+
+
+def _slowest(runs: list[dict], slow: dict[int, str], methods: tuple[str, ...]) -> list[str]:
+    """The flagged runs of ``methods`` in a few words each: per method, how many and the slowest
+    one's reason (the highest time per forward of its kind)."""
+    out = []
+    for m in methods:
+        mine = [i for i in slow if runs[i]["method"] == m]
+        if mine:
+            worst = max(mine, key=lambda i: per_forward({**runs[i], "status": "ok"}) or 0.0)
+            out.append(f"{len(mine)} of {sum(r['method'] == m for r in runs)} {m} runs slow, the slowest "
+                       f"{slow[worst].removeprefix('slow: ')}")
+    return out
+
+
+def verdict(row: dict, slow: list[str], ref: str = "baseline") -> tuple[str, str]:
+    """A method's summary ``row`` against ``ref``, in a word and why, from the median per-problem
+    latency ratio and its IQR:
+
+    * "unreliable": ``slow`` names runs of either method flagged slow (:func:`slow_bench_runs`):
+      the machine was busy, so no ratio is read;
+    * "cannot tell": fewer than ``MIN_RATIOS`` per-problem ratios, an IQR wider than ``WIDE``
+      times the median, or one that straddles 1.0 and reaches past 1 +- ``SAME``;
+    * "about the same": the whole IQR within 1 +- ``SAME``;
+    * "faster" / "slower": the whole IQR below / above 1.0 (and not within that band).
+
+    >>> verdict({"method": "ssr", "median_latency_ratio_to_baseline": 0.8,
+    ...          "latency_ratio_iqr_to_baseline": (0.75, 0.85), "latency_ratios_to_baseline": 5}, [])
+    ('faster', "0.80x baseline's latency (median of 5 per-problem ratios, IQR 0.75-0.85)")
+    """
+    m = row["method"]
+    if slow:
+        return "unreliable", f"the machine was busy: {'; '.join(slow)}; rerun on an idle machine"
+    ratio, spread = row.get(f"median_latency_ratio_to_{ref}"), row.get(f"latency_ratio_iqr_to_{ref}")
+    if ratio is None or spread is None:
+        return "cannot tell", f"no problem has both a {m} and a {ref} run"
+    lo, hi = spread
+    n = row[f"latency_ratios_to_{ref}"]
+    figures = f"{ratio:.2f}x {ref}'s latency (median of {n} per-problem ratios, IQR {lo:.2f}-{hi:.2f})"
+    if n < MIN_RATIOS:
+        return "cannot tell", f"{figures}: fewer than {MIN_RATIOS} problems say nothing about the spread"
+    if (hi - lo) / ratio > WIDE:
+        return "cannot tell", f"{figures}: the IQR is wider than {WIDE:.0%} of the median"
+    if 1.0 - SAME <= lo and hi <= 1.0 + SAME:
+        return "about the same", f"{figures}: within {SAME:.0%} of 1.0"
+    if lo <= 1.0 <= hi:
+        return "cannot tell", f"{figures}: the IQR straddles 1.0"
+    return ("faster" if hi < 1.0 else "slower"), figures
+
+
+def verdict_lines(summary: list[dict]) -> list[str]:
+    """One line per method with a verdict: "ssr vs baseline: faster: 0.80x baseline's latency (...)"."""
+    return [f"{row['method']} vs baseline: {row['verdict']}: {row['verdict_why']}" for row in summary if "verdict" in row]
 
 
 def spread_warnings(summary: list[dict]) -> list[str]:
@@ -143,7 +228,16 @@ COLUMNS = [("method", "method", "{}"), ("accuracy", "accuracy", "{:.1%}"),
            ("median_accepted", "accepted", "{:.0f}"), ("median_recovered", "recovered", "{:.0f}"),
            ("answers_equal_baseline", "= baseline", "{}"),
            ("median_step_ratio_with_draft", "step s with drafts / alone", "{:.2f}"),
-           ("fraction_steps_accepted", "steps kept", "{:.1%}")]
+           ("fraction_steps_accepted", "steps kept", "{:.1%}"), ("verdict", "verdict", "{}")]
+# the bench's printed table by default (about 90 columns; ``--full-table`` prints COLUMNS): a key tuple is one cell
+COMPACT_COLUMNS = [("method", "method", "{}"), ("accuracy", "accuracy", "{:.0%}"),
+                   ("median_latency_s", "latency s", "{:.3f}"),
+                   (("median_latency_ratio_to_baseline", "latency_ratio_iqr_to_baseline"), "/ baseline (IQR)",
+                    "{0[0]:.2f} ({0[1][0]:.2f}-{0[1][1]:.2f})"),
+                   (("median_latency_ratio_to_target", "latency_ratio_iqr_to_target"), "/ target (IQR)",
+                    "{0[0]:.2f} ({0[1][0]:.2f}-{0[1][1]:.2f})"),
+                   ("median_tokens_per_s", "tok/s", "{:.1f}"), ("answers_equal_baseline", "= baseline", "{}"),
+                   ("verdict", "verdict", "{}")]
 
 
 def where_time_went(runs: list[dict]) -> list[str]:
@@ -170,15 +264,24 @@ def where_time_went(runs: list[dict]) -> list[str]:
     return lines
 
 
-def table_cells(summary: list[dict]) -> tuple[list[str], list[list[str]]]:
+def _value(row: dict, key: str | tuple):
+    """A cell's value: ``row[key]``, or for a tuple of keys their values (None when any is missing)."""
+    if isinstance(key, tuple):
+        values = tuple(row.get(k) for k in key)
+        return None if None in values else values
+    return row.get(key)
+
+
+def table_cells(summary: list[dict], columns: list = COLUMNS) -> tuple[list[str], list[list[str]]]:
     """The headings and formatted cells of the columns any row has ("-" where a row has none)."""
-    cols = [c for c in COLUMNS if any(row.get(c[0]) is not None for row in summary)]
-    return [h for _, h, _ in cols], [[f.format(row[k]) if row.get(k) is not None else "-" for k, _, f in cols]
+    cols = [c for c in columns if any(_value(row, c[0]) is not None for row in summary)]
+    return [h for _, h, _ in cols], [[f.format(v) if (v := _value(row, k)) is not None else "-" for k, _, f in cols]
                                      for row in summary]
 
 
-def format_table(summary: list[dict]) -> str:
-    head, body = table_cells(summary)
+def format_table(summary: list[dict], full: bool = False) -> str:
+    """The summary as aligned text: the compact columns (about 90 characters a line), or every column."""
+    head, body = table_cells(summary, COLUMNS if full else COMPACT_COLUMNS)
     cells = [head, *body]
     widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells)

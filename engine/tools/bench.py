@@ -3,7 +3,7 @@
     python -m engine.tools.bench --model PATH_OR_ID --methods baseline,ssr,rsd,target \\
         --dataset FILE_OR_HUB_NAME [--limit N] [--sample-seed S] [--question-field F] [--answer-field F]
         [--task math|choice|code|free] [--template T] [--grader module:function]
-        --out results.json [--csv runs.csv] [--db runs.db] [--repeat R] [--device D] [run settings]
+        --out results.json [--csv runs.csv] [--db runs.db] [--repeat R] [--device D] [--full-table] [run settings]
 
 Problems come from a local file (JSON lines, JSON, CSV, Parquet) or a Hugging Face dataset
 (``HuggingFaceH4/MATH-500:test``, ``openai/gsm8k:main:test``, or a preset: ``gsm8k``, ``math500``,
@@ -17,8 +17,14 @@ machine. ``results.json`` holds ``{"runs": [...], "summary": [...]}``; the summa
 tokens/s with their IQR, the median of per-problem latency and FLOPs ratios to ``baseline`` (RSD's
 also to ``target``) with their IQR, answer tokens per forward (Spec-Bench's mean accepted tokens),
 accepted and recovered tokens, steps kept, and for greedy runs how many answers equal baseline's.
-Every run is logged (``--db``) with its dataset and ``correct``. A spread too wide to read a ratio at
-face value is printed as a warning. On stderr: the model load's progress (a GGUF file's first
+Every run is logged (``--db``) with its dataset and ``correct``. The printed table is compact (method,
+accuracy, latency, ratio to baseline with its IQR, tok/s, answers equal to baseline's, verdict);
+``--full-table`` prints every column (the JSON and CSV always hold everything). Under it, one verdict
+per method against baseline (``summary.verdict_lines``, the studio's Benchmark tab prints the same):
+faster, slower, "cannot tell" (few problems, an IQR straddling 1.0 or too wide) or "unreliable" (runs
+flagged slow against the steady time per forward of their kind, from these runs and the ``--db``
+log's earlier runs of the model: a busy machine). A spread too wide to read a ratio at face value is
+also printed as a warning. On stderr: the model load's progress (a GGUF file's first
 conversion), and a live line of the run in flight with its tokens so far (:class:`LiveProgress`).
 """
 
@@ -46,7 +52,14 @@ from engine.benchmarks.problems import (
     reach_hub,
 )
 from engine.benchmarks.runner import Bench
-from engine.benchmarks.summary import format_table, spread_warnings, summarize, where_time_went, write_csv
+from engine.benchmarks.summary import (
+    format_table,
+    spread_warnings,
+    summarize,
+    verdict_lines,
+    where_time_went,
+    write_csv,
+)
 from engine.config import RunConfig, field_help
 from engine.events import Event, TokenEvent
 from engine.methods.rsd.loop import RSD_METHODS
@@ -179,7 +192,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "-> True / False / None instead")
     ap.add_argument("--db", default=None, help="also log every run to this SQLite file")
     ap.add_argument("--repeat", type=int, default=1, help="timed runs per prompt and method, interleaved (default: 1)")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed runs before measuring")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs of each method on the first problem "
+                    "before measuring (the studio's Benchmark tab runs 1)")
+    ap.add_argument("--full-table", action="store_true", help="print every column of the summary (default: a "
+                    "compact table; the JSON and CSV hold every column either way)")
     ap.add_argument("--device", default=None, help="cuda, mps or cpu (default: CUDA, then MPS, then the CPU)")
     ap.add_argument("--random-weights", action="store_true",
                     help="build the preset's architecture offline with random weights (real per-token costs)")
@@ -281,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     if compiled:  # the warm-up compiled them; no run's latency holds compile time (see RunStats.compile_s)
         print(f"compiled {sum(len(m.compiled.shapes) for m in compiled)} step shapes in "
               f"{sum(m.compile_seconds for m in compiled):.1f} s (before any timed run)", flush=True)
+    history = bench.history()  # the log's earlier runs of the model: their steady time per forward
     runs, total = [], bench.total(problems, args.repeat)
     live.total = total
     print(f"{dataset}: {len(problems)} problems x {args.repeat} repeat(s) x {len(bench.methods)} methods", flush=True)
@@ -291,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{progress_bar(len(runs), total)} {r['prompt_id']:>14} r{r['repeat']} {r['method']:>8}: "
               f"{r['latency_s']:.3f}s  {_tokens_line(r)}" + (f"  correct={r['correct']}" if "correct" in r else ""),
               flush=True)
-    summary = summarize(runs, cfg.greedy)
+    summary = summarize(runs, cfg.greedy, history)
     Path(args.out).write_text(json.dumps({"model": args.model, "dataset": dataset, "config": cfg.to_dict(),
                                           "method_configs": {m: c.to_dict() for m, c in configs.items()},
                                           "step_mode": next((r["step_mode"] for r in runs if r["step_mode"]), None),
@@ -299,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
                                           "summary": summary}, indent=1))
     if args.csv:
         write_csv(args.csv, runs)
-    print(format_table(summary))
+    print(format_table(summary, full=args.full_table))
+    for line in verdict_lines(summary):
+        print(line)
     for line in where_time_went(runs):
         print(line)
     for warning in spread_warnings(summary):
