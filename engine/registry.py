@@ -38,13 +38,15 @@ SINGLE_MODEL = {
     "baseline": decode_baseline,
     "ssr": decode_ssr,
     EXIT: decode_exit,  # lossy: SSR that stops reasoning when its drafts agree
+    "ssr-lookups": partial(decode_ssr, method="ssr-lookups", drafts=False),  # the ablation: SSR's lookups alone
     "hf": decode_hf,
     "hf-pld": partial(decode_hf, prompt_lookup=True),
     "hf-static": partial(decode_hf, static=True),
 }
 METHODS = (*SINGLE_MODEL, *RSD_METHODS)
 WRITES_DRAFTS = ("ssr", EXIT, "rsd")  # the methods with something to show in a Draft pane
-PLAIN = tuple(m for m in METHODS if m not in WRITES_DRAFTS)  # one model writes every token
+SSR_LOOP = ("ssr", EXIT, "ssr-lookups")  # SSR's loop (engine.methods.ssr): think markers, a draft start in the reasoning
+PLAIN = tuple(m for m in METHODS if m not in (*WRITES_DRAFTS, *SSR_LOOP))  # one model writes every token, unproposed
 ON_A_SERVER = {"baseline": decode_remote_baseline, "ssr": decode_remote_ssr}  # and the RSD family (its writers)
 LOSSY = (EXIT,)  # methods whose output may differ from baseline's by design (never called exact)
 # why a method is not offered on a vLLM server (the others there: ON_A_SERVER and the RSD family)
@@ -64,12 +66,19 @@ def rsd_writer(lm: LoadedModel | RemoteModel, cfg: RunConfig, capacity: int, rol
     return RemoteWriter(lm, cfg) if isinstance(lm, RemoteModel) else LocalWriter(lm, cfg, capacity, role)
 
 
+def not_on_a_server(name: str) -> str | None:
+    """Why method ``name`` cannot run on a vLLM server, or None where it can."""
+    if name in NOT_ON_A_SERVER:
+        return f"method {name!r} is not offered on a vLLM server: {NOT_ON_A_SERVER[name]}"
+    if name not in (*ON_A_SERVER, *RSD_METHODS):
+        return f"method {name!r} runs in process only; on a vLLM server: {', '.join((*ON_A_SERVER, *RSD_METHODS))}"
+    return None
+
+
 def decoder(name: str, target: LoadedModel | RemoteModel, draft: LoadedModel | None = None, scorer=None) -> Decoder:
     check_method(name)
-    if isinstance(target, RemoteModel) and name in NOT_ON_A_SERVER:
-        raise ValueError(f"method {name!r} is not offered on a vLLM server: {NOT_ON_A_SERVER[name]}")
-    if isinstance(target, RemoteModel) and name not in (*ON_A_SERVER, *RSD_METHODS):
-        raise ValueError(f"method {name!r} runs in process only; on a vLLM server: {', '.join((*ON_A_SERVER, *RSD_METHODS))}")
+    if isinstance(target, RemoteModel) and not_on_a_server(name):
+        raise ValueError(not_on_a_server(name))
     if isinstance(target, RemoteModel) and name == "ssr" and target.speculation:
         run = partial(decode_served_ssr, target)  # the server speculates from the drafts: no client-side verify
     elif isinstance(target, RemoteModel) and name in ON_A_SERVER:

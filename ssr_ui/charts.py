@@ -20,9 +20,10 @@ from engine.runlog.compare import match_key, matching_baselines, pool, run_time
 
 METHOD_COLORS = {"baseline": "#6b7280", "ssr": "#2563eb", "rsd": "#9333ea", "target": "#b45309",
                  "draft": "#0d9488", "hf": "#db2777", "hf-pld": "#65a30d", "hf-static": "#0891b2",
-                 "ssr-exit": "#dc2626"}  # (ssr-exit: the timeline's exit line and the panes' exit badge too)
+                 "ssr-exit": "#dc2626", "ssr-lookups": "#7dd3fc"}  # (ssr-exit: the timeline's exit line and badge too)
 COLORS = {**METHOD_COLORS, **{k.capitalize(): v for k, v in METHOD_COLORS.items()}, "SSR": "#2563eb",
-          "RSD": "#9333ea", "SSR early exit": METHOD_COLORS["ssr-exit"], "accepted": "#16a34a", "recovered": "#d97706",
+          "RSD": "#9333ea", "SSR early exit": METHOD_COLORS["ssr-exit"],
+          "SSR lookups alone": METHOD_COLORS["ssr-lookups"], "accepted": "#16a34a", "recovered": "#d97706",
           "generated": "#9ca3af"}
 # the legend goes under the x axis' title (never over it, the title or a second axis), the plot's
 # margin grows to hold it (automargin), and titles are short enough for a 700 px wide chart

@@ -27,7 +27,7 @@ from engine.config import RunConfig, number
 from engine.methods.exit.budget import METHOD as EXIT
 from engine.methods.rsd.loop import check_pair
 from engine.presets import provenance, recommended_settings, with_exit_probes
-from engine.registry import LOSSY, NOT_ON_A_SERVER, decoder
+from engine.registry import LOSSY, SSR_LOOP, decoder, not_on_a_server
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel
 from engine.runlog import RunLog, RunLogError, RunMeta, prompt_hash
@@ -49,10 +49,11 @@ log = logging.getLogger(__name__)
 
 UPDATES_PER_S = 12  # at most; long traces update less often (see _interval)
 EXIT_MODE = "SSR early exit"  # lossy: SSR that stops reasoning once its drafts agree (engine.methods.exit)
-METHOD_NAMES = {"Baseline": "baseline", "SSR": "ssr", EXIT_MODE: EXIT, "RSD": "rsd"}
+LOOKUPS_MODE = "SSR lookups alone"  # the ablation: SSR's loop without drafts (what the drafts add is SSR against it)
+METHOD_NAMES = {"Baseline": "baseline", LOOKUPS_MODE: "ssr-lookups", "SSR": "ssr", EXIT_MODE: EXIT, "RSD": "rsd"}
 MODES = ("Baseline", "SSR", EXIT_MODE, "RSD", "Compare")
-COMPARE_RUNS = ("Baseline", "SSR", EXIT_MODE, "RSD")  # a Compare's runs, each against its own baseline run
-SSR_FAMILY = ("ssr", EXIT)  # the methods that fork drafts from the reasoning (need markers, a draft start)
+# a Compare's runs, each against its own baseline run (the ablation before SSR: SSR's strip says what its drafts added)
+COMPARE_RUNS = ("Baseline", LOOKUPS_MODE, "SSR", EXIT_MODE, "RSD")
 DEFAULT_DRAFT, DEFAULT_PRM = "tiny-reasoner-draft", "tiny-prm"
 COMPARE_SHOWS = "SSR"  # the run whose panes a finished comparison shows first
 LOAD_TIMEOUT_S = 600.0  # a model that takes longer to load is given up on (the UI says so)
@@ -153,7 +154,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             for name in names:
                 skipped.setdefault(name, str(err))
 
-        ssr_family = [name for name in runs if METHOD_NAMES[name] in SSR_FAMILY]
+        ssr_family = [name for name in runs if METHOD_NAMES[name] in SSR_LOOP]
         try:
             if ssr_family:
                 cfg.check_ssr()
@@ -164,8 +165,9 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         for status in self.loading(model_name):  # a first load (a GGUF file's conversion) says how it goes
             yield Frame.note(f"loading {model_name}… {status}")
         lm = self.model(model_name)
-        if isinstance(lm, RemoteModel) and EXIT_MODE in runs:  # early exit runs in process only
-            cannot([EXIT_MODE], ValueError(f"SSR early exit is not offered on a vLLM server: {NOT_ON_A_SERVER[EXIT]}"))
+        for name in runs if isinstance(lm, RemoteModel) else []:  # early exit, the ablation: in process only
+            if not_on_a_server(METHOD_NAMES[name]):
+                cannot([name], ValueError(not_on_a_server(METHOD_NAMES[name])))
         try:  # refused before anything runs, in the engine's words (a base model has no reasoning to fork from)
             if ssr_family:
                 lm.require_markers()
@@ -204,7 +206,9 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 yield from self._stream(lm, prompt, name, cfg, view, rsd, job, deadline, last=name == runs[-1])
                 # a Compare's runs are measured against its own baseline run (the pair its chart shows)
                 pair = finals["Baseline"].view.done if compare and "Baseline" in finals else None
-                finals[name] = last = self._frame(view, name, lm, prompt, cfg, final=True, pair=pair, job=job)
+                alone = finals[LOOKUPS_MODE].view.done if name == "SSR" and LOOKUPS_MODE in finals else None
+                finals[name] = last = self._frame(view, name, lm, prompt, cfg, final=True, pair=pair, job=job,
+                                                  lookups=alone)
         finally:
             self.line.release(ticket)
         if not finals:  # stopped before anything ran: nothing logged
@@ -247,7 +251,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         screen with a "not saved" notice."""
         job = job or Job(None, None)
         method = METHOD_NAMES[name]
-        if method in SSR_FAMILY:
+        if method in SSR_LOOP:
             lm.require_markers()
         rsd = rsd or {}
         meta = RunMeta(method, lm.model_id, prompt, cfg.to_dict(), device=_device(lm), dtype=getattr(lm, "dtype", None),
@@ -290,7 +294,10 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 "usually right (the bundled draft knows arithmetic prompts only)")
 
     def _frame(self, view, name, lm, prompt, cfg, final=False, chart=None, pair=None, timeline=True,
-               job: Job | None = None) -> Frame:
+               job: Job | None = None, lookups=None) -> Frame:
+        """A frame of ``view``; a final one is compared with its baseline (``pair``: a Compare's own)
+        and, for a Compare's SSR run, with the same Compare's lookups-alone run (``lookups``, its
+        final event): what the drafts added."""
         compare = None
         if final and name != "Baseline":
             try:
@@ -298,6 +305,8 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 compare = self.compare_to_baseline(row, view.done, cfg, pair)
             except RunLogError as err:
                 view.notice = view.notice or f"history unavailable: {err}"
+            if compare is not None and lookups is not None and lookups.stats.wall_s:
+                compare["vs_lookups"] = view.done.stats.wall_s / lookups.stats.wall_s
         return Frame.of(view, metrics_html(view, name, compare), chart, timeline=timeline or final)
 
     def compare_to_baseline(self, run: dict, done, cfg: RunConfig, pair=None) -> dict | None:

@@ -356,6 +356,8 @@ class TraceView:
                            + ' · rewritten by the target</div>' + _pane(_trimmed(self.drafts.get(s.index, [])), "")
                            for s in rejected)
         if not self.drafts:
+            if self.method == "ssr-lookups":
+                return _pane([], "SSR's lookups alone (the ablation) forks no draft: its speed-ups are lookups.")
             if self.method in PLAIN:
                 return _pane([], "Plain decoding writes no draft.")
             if self.finished:
@@ -492,6 +494,8 @@ TERMS = {
     "recovered": "answer tokens taken after a mismatch by suffix matching, or from a verified lookup",
     "generated": "answer tokens the model picked itself",
     "rejected": "draft tokens proposed and never taken (struck through in the Draft pane)",
+    "drafts added": "SSR's latency over the same comparison's run of SSR with its lookups alone (no drafts): "
+                    "what forking, carrying and verifying the drafts bought or cost on this prompt",
     "forwards saved": "per proposer, the proposal tokens its verifies accepted: each is one forward fewer than "
                       "decoding one token per forward (draft prefix and suffix in drafts: the drafts' work; a lookup: "
                       "a match in the prompt, the reasoning or the answer, which needs no draft)",
@@ -608,6 +612,9 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
     elif view.phase in ("stopped", "error") and view.method not in ("", "baseline"):
         ended = "was stopped" if view.phase == "stopped" else "failed"
         items.append(("vs baseline", f"none: a run that {ended} is not compared"))
+    if compare and compare.get("vs_lookups"):
+        items.append(("drafts added", (f"{compare['vs_lookups']:.2f}x the latency of SSR's lookups alone (this "
+                                       "comparison's own run: under 1, the drafts paid for themselves)")))
     if view.cut:
         items.insert(2, ("cut by budget", html.escape(view.cut_words())))
     if view.thinking in THINKING:  # next to the method: how this model's reasoning is told apart

@@ -63,6 +63,20 @@ def test_greedy_ssr_equals_baseline(family, setting):
         assert_same(lm, prompt, RunConfig(**{**SMALL, **SETTINGS[setting]}))
 
 
+@pytest.mark.parametrize("family", [*SLIDING, *RECURRENT])
+def test_greedy_ssr_with_its_lookups_alone_equals_baseline(family):
+    """The ablation ``ssr-lookups`` (SSR's loop, no drafts): lookups in the reasoning (think_spec) and
+    the answer, one-token and wide verifies, every token plain decoding's."""
+    lm = family_model(family)
+    for setting in ("draft-mid", "iterative-think-spec", "one-token-verify"):
+        cfg = RunConfig(**{**SMALL, **SETTINGS[setting]})
+        for prompt in PROMPTS:
+            base = baseline(lm, prompt, cfg.max_think, cfg.max_answer)
+            alone = final(decode_ssr(lm, prompt, cfg, method="ssr-lookups", drafts=False))
+            assert (alone.reasoning_ids, alone.answer_ids) == (base.reasoning_ids, base.answer_ids), setting
+            assert alone.stats.drafts == 0 and alone.stats.method == "ssr-lookups"
+
+
 LONG = "Write a Python class Garden with fields rose, tulip and daisy, each its letter count times 3. " * 3
 
 

@@ -136,9 +136,10 @@ def test_the_studio_runs_the_default_model_on_the_server(tmp_path):
                     servers={"tiny-reasoner": {"base_url": "http://vllm.test", "transport": server.transport}})
     prompt = "Write a Python class Island. Fields: amber."
     frames = list(studio.run(prompt, "Compare", max_think=60, max_answer=40, draft_start=10))
-    assert set(frames[-1].runs) == {"Baseline", "SSR", "SSR early exit", "RSD"}  # RSD: the target on the server
+    assert set(frames[-1].runs) == {"Baseline", "SSR lookups alone", "SSR", "SSR early exit", "RSD"}  # RSD: the target on the server
     skipped = frames[-1].runs["SSR early exit"]  # in process only: skipped with the reason, nothing ran
     assert skipped.view.phase == "skipped" and "not offered on a vLLM server" in skipped.metrics
+    assert "runs in process only" in frames[-1].runs["SSR lookups alone"].metrics
     assert "backend" in frames[-1].metrics and "vllm http://vllm.test" in frames[-1].metrics
     rows = studio.log.runs(limit=10)
     assert {(r["method"], r["device"], r["status"]) for r in rows} == {

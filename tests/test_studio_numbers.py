@@ -42,7 +42,8 @@ def test_a_compare_reports_the_ratio_of_the_pair_it_made(studio):
     base, ssr = final.runs["Baseline"].view.stats.wall_s, final.runs["SSR"].view.stats.wall_s
     strip = _text(final.runs["SSR"].metrics)
     assert f"{ssr / base:.2f}x latency: this comparison's own baseline run, just before" in strip
-    assert list(final.chart.data[0].y) == pytest.approx([base, ssr, final.runs["SSR early exit"].view.stats.wall_s,
+    assert list(final.chart.data[0].y) == pytest.approx([base, final.runs["SSR lookups alone"].view.stats.wall_s, ssr,
+                                                         final.runs["SSR early exit"].view.stats.wall_s,
                                                          final.runs["RSD"].view.stats.wall_s])
     exit_strip = _text(final.runs["SSR early exit"].metrics)
     assert f"{final.runs['SSR early exit'].view.stats.wall_s / base:.2f}x latency: this comparison's own" in exit_strip

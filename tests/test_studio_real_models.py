@@ -100,10 +100,10 @@ def test_ssr_on_a_base_model_is_refused_in_the_engines_words(studio, gemma):
 def test_compare_on_a_base_model_runs_baseline_and_skips_the_rest_with_the_reasons(studio, gemma):
     before = {r["id"] for r in studio.history()}
     final = list(studio.run("The capital of France is", "Compare", GEMMA, **SMALL))[-1]
-    assert list(final.runs) == ["Baseline", "SSR", "SSR early exit", "RSD"]
+    assert list(final.runs) == ["Baseline", "SSR lookups alone", "SSR", "SSR early exit", "RSD"]
     assert [r["method"] for r in studio.history() if r["id"] not in before] == ["baseline"]
     assert final.view.method == "baseline" and final.view.answer  # the panes show the run that ran
-    for name in ("SSR", "SSR early exit"):
+    for name in ("SSR lookups alone", "SSR", "SSR early exit"):
         assert "does not reason" in final.runs[name].metrics and final.runs[name].view.phase == "skipped"
     assert "do not share a tokenizer" in final.runs["RSD"].metrics  # the bundled draft's vocabulary is not Gemma's
     assert "SSR: not run" in final.metrics and list(final.chart.data[0].x) == ["Baseline"]
@@ -117,7 +117,7 @@ def test_compare_on_smollm2_with_the_default_draft_logs_baseline_and_ssr_and_ski
     before = {r["id"] for r in studio.history()}
     final = list(studio.run("What is 12 plus 30?", "Compare", SMOL, **SMALL))[-1]
     new = {r["method"]: r for r in studio.history() if r["id"] not in before}
-    assert set(new) == {"baseline", "ssr", "ssr-exit"}
+    assert set(new) == {"baseline", "ssr-lookups", "ssr", "ssr-exit"}
     assert all(r["status"] == "ok" and r["answer_text"].strip() for r in new.values())
     assert final.view.method == "ssr" and "own baseline run, just before" in final.metrics
     assert "RSD: not run" in final.metrics and "set Draft model" in final.metrics

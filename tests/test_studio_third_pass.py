@@ -77,12 +77,12 @@ def test_every_strip_cell_stays_inside_the_strip_for_every_method_live_and_repla
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"strip-no-exit-{width}.png"), full_page=True)
         _run_to_end(page, CLASS, "Compare")
-        for name in ("Baseline", "SSR", "SSR early exit", "RSD"):
+        for name in ("Baseline", "SSR lookups alone", "SSR", "SSR early exit", "RSD"):
             page.locator(".run-pick").get_by_label(name, exact=True).check()
             page.wait_for_function(f"document.querySelector('.strip').innerText.includes({name!r})", timeout=10_000)
             _fits(page, f"Compare's {name}")
         page.get_by_role("tab", name="History").click()
-        for method in ("baseline", "ssr", "ssr-exit", "rsd"):
+        for method in ("baseline", "ssr-lookups", "ssr", "ssr-exit", "rsd"):
             rid = query(app[1], "select max(id) from runs where method = ? and status = 'ok'", method)[0][0]
             page.get_by_label("Run id").fill(str(rid))
             page.get_by_role("button", name="Show this run").click()
@@ -128,7 +128,7 @@ def test_compare_on_smollm2_at_default_settings_through_the_api(tmp_path):
         out = client.predict(prompt="What is 2 plus 2? Answer briefly.", method="Compare", api_name="/run")
         strip = out[3]
         rows = query(db, "select method, status, answer_text from runs order by id")
-        assert [r[0] for r in rows] == ["baseline", "ssr", "ssr-exit"], rows
+        assert [r[0] for r in rows] == ["baseline", "ssr-lookups", "ssr", "ssr-exit"], rows
         assert all(status == "ok" and answer.strip() for _, status, answer in rows), rows
         assert "RSD: not run" in strip and "do not share a tokenizer" in strip and "set Draft model" in strip
         assert "same as baseline" in strip and "✔ identical" in strip

@@ -192,7 +192,7 @@ def test_trust_the_csv_export_honours_the_method_filter(studio):
     text = Path(studio.export(None, "csv", "ssr")).read_text(encoding="utf-8")
     assert [r["method"] for r in csv.DictReader(text.splitlines())] == ["ssr"]
     text = Path(studio.export(None, "csv", "all")).read_text(encoding="utf-8")
-    assert sorted(r["method"] for r in csv.DictReader(text.splitlines())) == ["baseline", "rsd", "ssr", "ssr-exit"]
+    assert sorted(r["method"] for r in csv.DictReader(text.splitlines())) == ["baseline", "rsd", "ssr", "ssr-exit", "ssr-lookups"]
 
 
 # ----------------------------------------------------------------------------- 9. memory and uploads
@@ -251,10 +251,10 @@ def test_trust_a_stopped_compare_charts_the_runs_it_finished(studio):
     for frame in studio.run("hello", "Compare", "tiny", "tiny-draft", "tiny-prm", job=job, **SMALL):
         frames.append(frame)
         if frame.view and frame.view.method == "ssr" and not job.cancelled:
-            job.request_cancel()  # Baseline finished; SSR is running
+            job.request_cancel()  # Baseline and the lookups-alone run finished; SSR is running
     last = frames[-1]
-    assert last.chart is not None and "stopped: 1 of 4 finished" in last.chart.layout.title.text
-    assert list(last.chart.data[0].x) == ["Baseline"]
+    assert last.chart is not None and "stopped: 2 of 5 finished" in last.chart.layout.title.text
+    assert list(last.chart.data[0].x) == ["Baseline", "SSR lookups alone"]
 
 
 def test_trust_charts_and_strip_read_without_guessing():

@@ -66,12 +66,16 @@ def test_run_streams_logs_and_compares(studio):
 
 def test_compare_mode_runs_all_four_and_charts(studio):
     frames = list(studio.run("hello", "Compare", "tiny", "tiny-draft", "tiny-prm", **SMALL))
-    assert frames[-1].chart is not None and list(frames[-1].chart.data[0].x) == ["Baseline", "SSR", "SSR early exit", "RSD"]
-    assert list(frames[-1].chart.data[0].marker.color)[2] == charts.METHOD_COLORS["ssr-exit"]  # its own colour
-    assert [r["method"] for r in studio.history()] == ["rsd", "ssr-exit", "ssr", "baseline"]
+    assert frames[-1].chart is not None and list(frames[-1].chart.data[0].x) == ["Baseline", "SSR lookups alone", "SSR", "SSR early exit", "RSD"]
+    assert list(frames[-1].chart.data[0].marker.color)[3] == charts.METHOD_COLORS["ssr-exit"]  # its own colour
+    # the ablation: SSR's strip says what its drafts added against the comparison's own lookups-alone run
+    alone, ssr = frames[-1].runs["SSR lookups alone"].view.done, frames[-1].runs["SSR"].view.done
+    assert f"{ssr.stats.wall_s / alone.stats.wall_s:.2f}x the latency of SSR's lookups alone" in frames[-1].runs["SSR"].metrics
+    assert alone.stats.drafts == 0 and "forks no draft" in frames[-1].runs["SSR lookups alone"].draft
+    assert [r["method"] for r in studio.history()] == ["rsd", "ssr-exit", "ssr", "ssr-lookups", "baseline"]
     # the finished comparison shows SSR's panes and keeps every run's own final frame to switch to
     runs = frames[-1].runs
-    assert list(runs) == ["Baseline", "SSR", "SSR early exit", "RSD"]
+    assert list(runs) == ["Baseline", "SSR lookups alone", "SSR", "SSR early exit", "RSD"]
     # the early exit is measured against the Compare's own baseline run, like the others
     assert "own baseline run, just before" in runs["SSR early exit"].metrics
     assert "(lossy)" in runs["SSR early exit"].metrics and "tokens saved" in runs["SSR early exit"].metrics
@@ -101,7 +105,7 @@ def test_missing_model_is_a_message(studio, tmp_path):
 def test_chart_builders(studio):
     list(studio.run("hello", "Compare", "tiny", "tiny-draft", "tiny-prm", **SMALL))
     rows = studio.history()
-    assert len(charts.latency_by_method(rows).data) == 4
+    assert len(charts.latency_by_method(rows).data) == 5  # the five methods of a Compare
     assert [t.name for t in charts.token_composition(rows).data] == ["accepted", "recovered", "generated"]
     assert len(charts.speedup_vs_draft_start(rows).data[0].x) == 1
     rsd = charts.rsd_by_threshold(rows)
@@ -213,13 +217,15 @@ def test_compare_skips_rsd_on_a_model_whose_tokenizer_the_draft_lacks_and_runs_t
     before = {r["id"] for r in studio.history()}
     frames = list(studio.run("hello", "Compare", "odd-target", "tiny-draft", "target-likelihood", **SMALL))
     final = frames[-1]
-    assert list(final.runs) == ["Baseline", "SSR", "SSR early exit", "RSD"] and compare_shows(final.runs) == "SSR"
+    assert list(final.runs) == ["Baseline", "SSR lookups alone", "SSR", "SSR early exit", "RSD"] and compare_shows(final.runs) == "SSR"
     assert final.answer == final.runs["SSR"].answer
     new = [r for r in studio.history() if r["id"] not in before]
-    assert sorted(r["method"] for r in new) == ["baseline", "ssr", "ssr-exit"] and all(r["status"] == "ok" for r in new)
+    assert sorted(r["method"] for r in new) == ["baseline", "ssr", "ssr-exit", "ssr-lookups"]
+    assert all(r["status"] == "ok" for r in new)
     strip = _plain(final.metrics)
     assert "RSD: not run" in strip and "do not share a tokenizer" in strip and "set Draft model (RSD settings" in strip
-    assert list(final.chart.data[0].x) == ["Baseline", "SSR", "SSR early exit"] and "not run: RSD" in final.chart.layout.title.text
+    assert list(final.chart.data[0].x) == ["Baseline", "SSR lookups alone", "SSR", "SSR early exit"]
+    assert "not run: RSD" in final.chart.layout.title.text
     rsd = final.runs["RSD"]
     assert "not run" in _plain(rsd.metrics) and "do not share a tokenizer" in _plain(rsd.metrics)
     for pane in (rsd.reasoning, rsd.draft, rsd.answer):
@@ -427,12 +433,12 @@ def test_compare_runs_what_it_can_on_every_bundled_model_and_one_picked_by_path(
     name = str(BUNDLED_DIR / "tiny-reasoner") if model == "path" else model
     studio = Studio(db=str(tmp_path / "runs.db"))
     final = list(studio.run("What is 3 plus 4?", "Compare", name, max_think=40, max_answer=20))[-1]
-    assert list(final.runs) == ["Baseline", "SSR", "SSR early exit", "RSD"]
+    assert list(final.runs) == ["Baseline", "SSR lookups alone", "SSR", "SSR early exit", "RSD"]
     assert final.runs["Baseline"].view.phase == "done"
     for run in final.runs.values():
         assert run.view.phase == "done" or (run.view.phase == "skipped" and "not run" in run.metrics)
     logged = {r["method"] for r in studio.history()}
-    assert logged == {name_ for name_, run in zip(("baseline", "ssr", "ssr-exit", "rsd"), final.runs.values(),
+    assert logged == {name_ for name_, run in zip(("baseline", "ssr-lookups", "ssr", "ssr-exit", "rsd"), final.runs.values(),
                                                   strict=True) if run.view.phase == "done"}
 
 

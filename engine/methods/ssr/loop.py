@@ -78,14 +78,18 @@ class SSRBudget(ThinkBudget):
 
 
 def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
-               budget_class: type[SSRBudget] = SSRBudget) -> Iterator[Event]:
+               budget_class: type[SSRBudget] = SSRBudget, drafts: bool = True) -> Iterator[Event]:
     """Yield the events of an SSR run of ``prompt`` (the user message, templated here); ``method``
-    names the run, ``budget_class`` is the hook a method built on this loop gives (:class:`SSRBudget`)."""
+    names the run, ``budget_class`` is the hook a method built on this loop gives (:class:`SSRBudget`).
+    ``drafts`` False: the ablation ``ssr-lookups``, SSR's loop with its lookups alone (no draft
+    forks: what the drafts add is SSR's time against it)."""
     markers = lm.require_markers()
     cfg.check_ssr()
     prompt_ids = lm.prompt_ids(prompt)
-    last_fork = min(fork_point(cfg, cfg.num_drafts - 1), cfg.max_think)
-    new_tokens = len(markers.close_ids) + max(cfg.max_think + cfg.max_answer, last_fork + cfg.max_draft)
+    planned = cfg.num_drafts if drafts else 0
+    last_fork = min(fork_point(cfg, planned - 1), cfg.max_think) if planned else 0
+    new_tokens = len(markers.close_ids) + max(cfg.max_think + cfg.max_answer,
+                                              last_fork + cfg.max_draft if planned else 0)
     lm.check_fits(len(prompt_ids), new_tokens)
     lm.rope.check_speculation(len(prompt_ids) + new_tokens, lm.model_id, lm.layout.recurrent)  # past a RoPE switch
     caps = require(lm, "SSR")  # measured on this model once: refused here, never a crash or divergence mid-run
@@ -93,14 +97,14 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
     capacity = len(prompt_ids) + new_tokens + max(cfg.max_spec, cfg.think_spec) + 1  # room for a verify past the end
     rec = Recorder(lm.tokenizer, method, len(prompt_ids), lm.device)
     # before the clock starts: every shape (rows x width) the run can meet
-    yield from rec.compiling(lm.prepare_steps(capacity, 1 + cfg.num_drafts,
+    yield from rec.compiling(lm.prepare_steps(capacity, 1 + planned,
                                               max(cfg.think_spec, len(markers.close_ids)) + 1))
     rec.start_clock(lm.step_mode)
     rec.stats.verify = caps.verify
     index = SuffixIndex(cfg.min_match)
     index.extend("prompt", prompt_ids)
     state = _State(lm, cfg, rec, index, Chooser(cfg.temperature, cfg.top_p, cfg.seed),
-                   Chooser(cfg.temperature, cfg.top_p, cfg.seed + 1), capacity)
+                   Chooser(cfg.temperature, cfg.top_p, cfg.seed + 1), capacity, planned)
     budget = budget_class(markers, cfg, state)
     yield rec.phase("prefill")
     if len(prompt_ids) > 1:  # the last prompt token is the main row's first input in phase A
@@ -146,11 +150,12 @@ class SSRState(Protocol):
 class _State:
     """What the two phases share: the model, one cache and its rows, the drafts, the choosers."""
 
-    def __init__(self, lm, cfg, rec, index, main, drafter, capacity: int) -> None:
+    def __init__(self, lm, cfg, rec, index, main, drafter, capacity: int, planned: int) -> None:
         self.lm, self.cfg, self.rec, self.index = lm, cfg, rec, index
         self.eos_ids = lm.eos_ids
         self.main, self.drafter = main, drafter
-        self.cache = lm.new_cache(capacity, rows=1 + cfg.num_drafts)
+        self.planned = planned  # the drafts this run forks (0: lookups alone)
+        self.cache = lm.new_cache(capacity, rows=1 + planned)
         self.batch: RowBatch | None = None  # the cache's rows: the main row, then the live drafts (phase A)
         self.drafts: list[Draft] = []
         self.unfed: list[int] = []  # main-row tokens chosen but not yet in the cache
@@ -192,7 +197,7 @@ def _reason_and_draft(s: _State, budget: SSRBudget, first_input: int) -> Iterato
         t_step = time.perf_counter()
         # 1. fork: a new row copies the main row; it is fed what the main row has not fed yet,
         #    then the end-of-thinking marker and the template tail (the tail opens the draft)
-        if len(s.drafts) < cfg.num_drafts and n == fork_point(cfg, len(s.drafts)):
+        if len(s.drafts) < s.planned and n == fork_point(cfg, len(s.drafts)):
             yield from open_draft(s, n, list(markers.tail_ids))
             d = s.drafts[-1]
             lookup = SuffixProposer(s.index, [d.name, "reasoning", "prompt"], lm.eos_ids, cfg.spec_factor)
@@ -202,7 +207,7 @@ def _reason_and_draft(s: _State, budget: SSRBudget, first_input: int) -> Iterato
         #    hold holes; a cache that cannot feeds one token per row per step, as the paper does)
         spec = cfg.think_spec if (len(rows) == 1 or lm.holes_ok) else 0
         room = min(spec, budget.picks - n)  # lookups never pass the model's share of the budget
-        if len(s.drafts) < cfg.num_drafts:  # land exactly on the next fork
+        if len(s.drafts) < s.planned:  # land exactly on the next fork
             room = min(room, fork_point(cfg, len(s.drafts)) - n - 1)
         limits = batch.limits(len(main.unfed))  # longrope: nothing reaches the switch point before the main row
         if limits is not None:
