@@ -79,7 +79,11 @@ def test_every_strip_cell_stays_inside_the_strip_for_every_method_live_and_repla
         _run_to_end(page, CLASS, "Compare")
         for name in ("Baseline", "SSR lookups alone", "SSR", "SSR early exit", "RSD"):
             page.locator(".run-pick").get_by_label(name, exact=True).check()
-            page.wait_for_function(f"document.querySelector('.strip').innerText.includes({name!r})", timeout=10_000)
+            try:
+                page.wait_for_function(f"document.querySelector('.strip').innerText.includes({name!r})",
+                                       timeout=60_000)
+            except Exception:
+                raise AssertionError(f"{name}: {page.locator('.strip').first.inner_text()[:300]}") from None
             _fits(page, f"Compare's {name}")
         page.get_by_role("tab", name="History").click()
         for method in ("baseline", "ssr-lookups", "ssr", "ssr-exit", "rsd"):
