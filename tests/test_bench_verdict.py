@@ -126,7 +126,7 @@ def scripted(monkeypatch):
 
     monkeypatch.setattr(runner_mod.Bench, "runs", fake_runs)
     monkeypatch.setattr(runner_mod.Bench, "warm_up", lambda self, problem, stop=None: True)
-    monkeypatch.setattr(runner_mod.Bench, "history", lambda self, limit=500: [])
+    monkeypatch.setattr(runner_mod.Bench, "history", lambda self, limit=200: [])
     return runs
 
 
@@ -155,3 +155,24 @@ def test_the_tab_and_the_cli_print_the_same_verdict_for_the_same_runs(scripted, 
     assert all(html.escape(part) in status for part in printed[0].split(": ", 1))  # shown in the tab's status
     verdict_column = frames[-1].summary["headers"].index("verdict")
     assert [row[verdict_column] for row in frames[-1].summary["data"]] == ["-", word]
+
+
+def test_the_warm_up_is_the_same_for_both_and_stops_when_asked(tmp_path):
+    """The tab runs the CLI's warm-up (each method once on the first problem, nothing logged), and a
+    stop during it ends it at the next event."""
+    from engine.benchmarks.problems import Problem
+    from engine.config import RunConfig
+    from engine.runlog import RunLog
+    from tests.tiny import make_model
+
+    lm = make_model("qwen3", seed=2, init_scale=3.0)
+    log = RunLog(tmp_path / "runs.db")
+    seen: list[str] = []
+    b = runner_mod.Bench({"target": lm}, ["ssr", "baseline"], RunConfig(max_think=12, max_answer=6, draft_start=3,
+                                                                         max_draft=4), log=log,
+                         watch=lambda label, ev: seen.append(label))
+    problem = Problem("p", "hello world", None, "free")
+    assert b.warm_up(problem) and {"p warm-up baseline", "p warm-up ssr"} <= set(seen) and log.runs() == []
+    seen.clear()
+    assert b.warm_up(problem, stop=lambda: True) is False and set(seen) == {"p warm-up baseline"}  # one event, then out
+    assert log.runs() == []

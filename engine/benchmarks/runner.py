@@ -66,7 +66,7 @@ class Bench:
                 getattr(events, "close", lambda: None)()
         return True
 
-    def history(self, limit: int = 500) -> list[dict]:
+    def history(self, limit: int = 200) -> list[dict]:
         """The log's latest runs of the target model (none without a log), read before the timed
         runs: what its steady time per forward was (``summary.verdicts``)."""
         return self.log.runs(limit=limit, model=self.models["target"].model_id) if self.log else []

@@ -137,10 +137,13 @@ def slow_bench_runs(runs: list[dict], history: list[dict]) -> dict[int, str]:
     rows = [{**r, "status": "ok", "id": -(i + 1)} for i, r in enumerate(runs)]  # ids no logged run has
     logged = {r.get("run_id") for r in runs} - {None}
     kinds = {kind_key(r) for r in rows}
-    past = [r for r in history if r.get("id") not in logged and (r.get("id") or 0) > 0 and kind_key(r) in kinds]
-    flagged = {-rid - 1: why for rid, why in slow_runs(past + rows).items() if rid < 0}
+    past: dict[tuple, list[dict]] = {}
+    for r in history:
+        if r.get("id") not in logged and (r.get("id") or 0) > 0 and kind_key(r) in kinds:
+            past.setdefault(kind_key(r), []).append(r)
+    flagged = {-rid - 1: why for rid, why in slow_runs([*(r for kind in past.values() for r in kind), *rows]).items() if rid < 0}
     for i, row in enumerate(rows):
-        if alone := slow_runs([*past, row]).get(row["id"]):
+        if alone := slow_runs([*past.get(kind_key(row), []), row]).get(row["id"]):
             flagged[i] = alone
     return flagged
 
