@@ -68,7 +68,7 @@ class Bench:
 
     def history(self, limit: int = 200) -> list[dict]:
         """The log's latest runs of the target model (none without a log), read before the timed
-        runs: what its steady time per forward was (``summary.verdicts``)."""
+        runs: what its steady time per forward was (``summary.slow_bench_runs``)."""
         return self.log.runs(limit=limit, model=self.models["target"].model_id) if self.log else []
 
     def config(self, method: str) -> RunConfig:
@@ -143,7 +143,6 @@ class Bench:
         if (correct := grade(done.answer_text)) is not None:
             run["correct"] = correct
         return run
-
 
     def _logged_id(self, meta: RunMeta) -> int | None:
         """The log's id of the run just recorded under ``meta`` (its newest row of that method, model,
