@@ -23,15 +23,16 @@ from engine.config import number
 from engine.methods.exit.budget import METHOD as EXIT
 from engine.methods.rsd.loop import check_pair
 from engine.presets import with_exit_probes
+from engine.registry import SSR_LOOP
 from engine.remote.client import BackendError
 from engine.runtime.model import ModelLoadError, SSRUnsupportedError
 from ssr_ui import charts
 from ssr_ui.jobs import Job, claimed
 from ssr_ui.render import error_html
 
-# what the tab offers ("target": RSD's target alone; "ssr-exit": SSR early exit, lossy)
-BENCH_METHODS = ("baseline", "ssr", EXIT, "rsd", "target")
-SSR_FAMILY = ("ssr", EXIT)  # need think markers and a draft start inside the reasoning
+# what the tab offers ("target": RSD's target alone; "ssr-exit": SSR early exit, lossy; "ssr-lookups": the ablation,
+# SSR's lookups alone: what the drafts add is SSR against it)
+BENCH_METHODS = ("baseline", "ssr", "ssr-lookups", EXIT, "rsd", "target")
 MAX_ROWS = 200  # problems per benchmark in the studio (the bench CLI has no bound)
 MAX_REPEAT = 5
 RUN_COLUMNS = ["run id", "problem", "repeat", "method", "correct", "latency s", "answer tokens", "tok / forward", "answer"]
@@ -132,7 +133,7 @@ class BenchmarkRuns:
                         None if task == "auto" else task, None, int(limit), seed)
         self.vet(model_name, draft_model, prm)  # a shared studio's list, before any setting is read
         cfg = self.config(model_name, **settings)  # every setting checked before anything is read or loaded
-        if set(SSR_FAMILY) & set(methods):
+        if set(SSR_LOOP) & set(methods):
             cfg.check_ssr()
         if not upload and is_hub_spec(spec):
             for status in reach_hub():
@@ -150,7 +151,7 @@ class BenchmarkRuns:
             draft_model, prm = (draft_model or self.default_draft).strip(), (prm or self.default_prm).strip()
             models.update(draft=self.model(draft_model), scorer=self.scorer(prm), prm_name=prm)
             check_pair(lm, models["draft"])
-        if set(SSR_FAMILY) & set(methods):
+        if set(SSR_LOOP) & set(methods):
             lm.require_markers()
         configs = {EXIT: with_exit_probes(cfg, name)} if EXIT in methods else {}  # drafts enough to agree
         bench = Bench(models, methods, cfg, configs, log=self.log, dataset=label, origin="app",

@@ -62,6 +62,26 @@ def test_bench_end_to_end(model_dir, prompts, tmp_path, capsys):
     assert ssr[0] <= lo <= summary["ssr"]["median_latency_s"] <= hi <= ssr[-1]
 
 
+def test_the_lookups_alone_ablation_is_a_row_of_its_own_and_ssr_is_measured_against_it(model_dir, prompts, tmp_path,
+                                                                                        capsys):
+    """Issue 41's ablation: ``ssr-lookups`` (SSR's loop, no drafts) runs beside SSR, token-identical to
+    baseline; SSR's row gives its latency over the ablation's (what the drafts added), in the JSON and
+    the compact table."""
+    out = tmp_path / "results.json"
+    assert bench.main(["--model", str(model_dir), "--methods", "baseline,ssr-lookups,ssr", "--prompts", str(prompts),
+                       "--out", str(out), "--draft-start", "3", "--max-think", "12", "--max-draft", "8",
+                       "--max-answer", "10", "--warmup", "0"]) == 0
+    result = json.loads(out.read_text())
+    summary = {row["method"]: row for row in result["summary"]}
+    assert summary["ssr-lookups"]["answers_equal_baseline"] == 2 and summary["ssr"]["answers_equal_baseline"] == 2
+    assert all(r["drafts"] == 0 for r in result["runs"] if r["method"] == "ssr-lookups")
+    ssr, alone = ([r["latency_s"] for r in result["runs"] if r["method"] == m] for m in ("ssr", "ssr-lookups"))
+    expect = sorted(a / b for a, b in zip(ssr, alone, strict=True))
+    assert summary["ssr"]["median_latency_ratio_to_lookups"] == pytest.approx(sum(expect) / 2)  # two problems
+    assert "median_latency_ratio_to_lookups" not in summary["ssr-lookups"]
+    assert "/ lookups alone (IQR)" in capsys.readouterr().out
+
+
 def test_hf_peer_splits_at_the_marker_and_matches_baseline(model_dir, prompts, tmp_path):
     """generate() and our loop write the same tokens (tests/test_peers_budget.py: with the budget in play too)."""
     out = tmp_path / "r.json"

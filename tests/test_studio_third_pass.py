@@ -7,6 +7,7 @@ land in ``test-artifacts/``."""
 from __future__ import annotations
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from engine.runtime.gguf import installed
 from engine.tools.synthetic import EVAL_SEED_BASE, make_example
@@ -82,7 +83,7 @@ def test_every_strip_cell_stays_inside_the_strip_for_every_method_live_and_repla
             try:
                 page.wait_for_function(f"document.querySelector('.strip').innerText.includes({name!r})",
                                        timeout=60_000)
-            except Exception:
+            except PlaywrightTimeout:
                 raise AssertionError(f"{name}: {page.locator('.strip').first.inner_text()[:300]}") from None
             _fits(page, f"Compare's {name}")
         page.get_by_role("tab", name="History").click()

@@ -82,16 +82,18 @@ def summarize(runs: list[dict], greedy: bool, history: list[dict] | None = None)
         ttft = [r["ttft_s"] for r in mine if r.get("ttft_s") is not None]
         if ttft:
             row["median_ttft_s"] = statistics.median(ttft)
-        for ref in ("baseline", "target"):  # RSD's benches compare with the target alone
-            if ref in methods and (ref == "baseline" or m in RSD_METHODS):
+        # RSD's benches compare with the target alone; SSR with its lookups alone too (the ablation: what drafts add)
+        for ref, to in (("baseline", "baseline"), ("target", "target"), ("ssr-lookups", "lookups")):
+            if ref in methods and (ref == "baseline" or (ref == "target" and m in RSD_METHODS)
+                                   or (ref == "ssr-lookups" and m == "ssr")):
                 ratios = _ratios(by, m, ref, problems, "latency_s")
                 if ratios:
-                    row[f"median_latency_ratio_to_{ref}"] = statistics.median(ratios)
-                    row[f"latency_ratio_iqr_to_{ref}"] = iqr(ratios)
-                    row[f"latency_ratios_to_{ref}"] = len(ratios)
+                    row[f"median_latency_ratio_to_{to}"] = statistics.median(ratios)
+                    row[f"latency_ratio_iqr_to_{to}"] = iqr(ratios)
+                    row[f"latency_ratios_to_{to}"] = len(ratios)
                 flops = _ratios(by, m, ref, problems, "flops") if all(r.get("flops") for r in mine) else []
                 if flops:
-                    row[f"median_flops_ratio_to_{ref}"] = statistics.median(flops)
+                    row[f"median_flops_ratio_to_{to}"] = statistics.median(flops)
         if "baseline" in methods and greedy:
             row["answers_equal_baseline"] = sum(
                 by[(m, p)][0]["answer_token_ids"] == by[("baseline", p)][0]["answer_token_ids"]
@@ -224,6 +226,8 @@ COLUMNS = [("method", "method", "{}"), ("accuracy", "accuracy", "{:.1%}"),
            ("median_flops_ratio_to_baseline", "FLOPs / baseline (median per problem)", "{:.3f}"),
            ("median_latency_ratio_to_target", "latency / target (median per problem)", "{:.3f}"),
            ("median_flops_ratio_to_target", "FLOPs / target (median per problem)", "{:.3f}"),
+           ("median_latency_ratio_to_lookups", "latency / SSR's lookups alone (median per problem)", "{:.3f}"),
+           ("latency_ratio_iqr_to_lookups", "its IQR", "{0[0]:.2f}-{0[1]:.2f}"),
            ("median_tokens_per_s", "tok/s", "{:.1f}"), ("median_ttft_s", "first answer s", "{:.3f}"),
            ("median_tokens_per_forward", "answer tok / forward", "{:.2f}"),
            ("median_accepted_per_verify", "accepted / verify (median)", "{:.2f}"),
@@ -238,6 +242,8 @@ COMPACT_COLUMNS = [("method", "method", "{}"), ("accuracy", "accuracy", "{:.0%}"
                    (("median_latency_ratio_to_baseline", "latency_ratio_iqr_to_baseline"), "/ baseline (IQR)",
                     "{0[0]:.2f} ({0[1][0]:.2f}-{0[1][1]:.2f})"),
                    (("median_latency_ratio_to_target", "latency_ratio_iqr_to_target"), "/ target (IQR)",
+                    "{0[0]:.2f} ({0[1][0]:.2f}-{0[1][1]:.2f})"),
+                   (("median_latency_ratio_to_lookups", "latency_ratio_iqr_to_lookups"), "/ lookups alone (IQR)",
                     "{0[0]:.2f} ({0[1][0]:.2f}-{0[1][1]:.2f})"),
                    ("median_tokens_per_s", "tok/s", "{:.1f}"), ("answers_equal_baseline", "= baseline", "{}"),
                    ("verdict", "verdict", "{}")]

@@ -64,7 +64,7 @@ from engine.config import RunConfig, field_help
 from engine.events import Event, TokenEvent
 from engine.methods.rsd.loop import RSD_METHODS
 from engine.presets import with_exit_probes
-from engine.registry import METHODS, check_method, decoder
+from engine.registry import METHODS, SSR_LOOP, check_method, decoder
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel, check_backend
 from engine.remote.speculation import SPECULATIONS
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             for m in methods:
                 decoder(m, lm)  # a method that does not run on a server says so now
         models = {"target": lm, "prm_name": args.prm}
-        if {"ssr", "ssr-exit"} & set(methods):
+        if set(SSR_LOOP) & set(methods):
             lm.require_markers()
             cfg.check_ssr()
         if {"rsd", "draft"} & set(methods):
