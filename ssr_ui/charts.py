@@ -297,13 +297,15 @@ def acceptance_by_method(rows: list[dict]) -> go.Figure:
             groups.setdefault(f"{r['method']} · {_short(r.get('model'))}", []).append(r)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("accepted per verify", "acceptance by position"),
                         horizontal_spacing=0.14)
+    several = len({r.get("model") for runs in groups.values() for r in runs}) > 1  # one model: the bars name methods
     for name in sorted(groups):
         runs = groups[name]
         color = COLORS.get(runs[0]["method"], "#888")
         means = sorted(r["verify_accepted"] / r["verifies"] for r in runs)
         mid = statistics.median(means)
         low, high = iqr(means)
-        fig.add_trace(go.Bar(x=[name], y=[mid], marker_color=color, name=name, legendgroup=name, showlegend=False,
+        fig.add_trace(go.Bar(x=[name if several else runs[0]["method"]], y=[mid], marker_color=color, name=name,
+                             legendgroup=name, showlegend=False,
                              error_y=dict(type="data", symmetric=False, array=[high - mid], arrayminus=[mid - low]),
                              hovertext=f"{name}: median {mid:.2f} over {len(runs)} runs (IQR {low:.2f}-{high:.2f})",
                              hoverinfo="text"), row=1, col=1)
@@ -320,6 +322,7 @@ def acceptance_by_method(rows: list[dict]) -> go.Figure:
     fig.update_yaxes(title_text="tokens", row=1, col=1)
     fig.update_yaxes(title_text="accepted", tickformat=".0%", range=[0, 1.05], row=1, col=2)
     fig.update_xaxes(title_text="position in the proposal", tickformat="d", row=1, col=2)
+    fig.update_xaxes(tickangle=-30, row=1, col=1)  # five SSR-loop and peer methods side by side at 760 px
     return fig
 
 
