@@ -29,3 +29,20 @@ def studio(tmp_path):
     s.add_model("tiny-draft", make_model("qwen2", seed=4, init_scale=2.0))
     s.add_scorer("tiny-prm", MathShepherdScorer(make_model("llama", seed=5)))
     return s
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium through Playwright, one per test module (skipped, saying why, where it is missing)."""
+    from pathlib import Path
+
+    chromium = "/usr/bin/chromium"
+    if not Path(chromium).exists():
+        pytest.skip("Debian chromium is not installed (.ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu",
+                                                              "--disable-background-networking", "--no-first-run"])
+        yield b
+        b.close()

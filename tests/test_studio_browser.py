@@ -33,19 +33,6 @@ def app(tmp_path_factory):
         yield url, db
 
 
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian chromium is not installed (.ci/run installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu",
-                                                              "--disable-background-networking", "--no-first-run"])
-        yield b
-        b.close()
-
-
 @pytest.fixture
 def page(app, browser, request):
     page = browser.new_page(viewport={"width": 1400, "height": 1200})

@@ -12,7 +12,13 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from engine.runtime.gguf import installed
 from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 from tests.apps import launched, query
-from tests.test_studio_browser import ARTIFACTS, _no_error_pill, _run_to_end, _type, needs_browser
+from tests.test_studio_browser import (
+    ARTIFACTS,
+    _no_error_pill,
+    _run_to_end,
+    _type,
+    needs_browser,
+)
 
 SMOL = "smollm2-135m-instruct"
 ARITH = make_example("arithmetic", EVAL_SEED_BASE + 2).prompt
@@ -32,21 +38,6 @@ OVERFLOW = """() => [...document.querySelectorAll('.metrics')].filter(s => s.off
 def app(tmp_path_factory):
     with launched(tmp_path_factory.mktemp("third")) as (url, db, _proc):
         yield url, db
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from pathlib import Path
-
-    if not Path("/usr/bin/chromium").exists():
-        pytest.skip("Debian chromium is not installed (.ci/run installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu",
-                                                                          "--disable-background-networking"])
-        yield b
-        b.close()
 
 
 def _fits(page, where: str) -> None:
