@@ -77,8 +77,8 @@ def not_on_a_server(name: str) -> str | None:
 
 def decoder(name: str, target: LoadedModel | RemoteModel, draft: LoadedModel | None = None, scorer=None) -> Decoder:
     check_method(name)
-    if isinstance(target, RemoteModel) and not_on_a_server(name):
-        raise ValueError(not_on_a_server(name))
+    if isinstance(target, RemoteModel) and (why := not_on_a_server(name)):
+        raise ValueError(why)
     if isinstance(target, RemoteModel) and name == "ssr" and target.speculation:
         run = partial(decode_served_ssr, target)  # the server speculates from the drafts: no client-side verify
     elif isinstance(target, RemoteModel) and name in ON_A_SERVER:

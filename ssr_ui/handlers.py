@@ -166,8 +166,8 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             yield Frame.note(f"loading {model_name}… {status}")
         lm = self.model(model_name)
         for name in runs if isinstance(lm, RemoteModel) else []:  # early exit, the ablation: in process only
-            if not_on_a_server(METHOD_NAMES[name]):
-                cannot([name], ValueError(not_on_a_server(METHOD_NAMES[name])))
+            if why := not_on_a_server(METHOD_NAMES[name]):
+                cannot([name], ValueError(why))
         try:  # refused before anything runs, in the engine's words (a base model has no reasoning to fork from)
             if ssr_family:
                 lm.require_markers()

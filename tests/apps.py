@@ -12,6 +12,7 @@ from pathlib import Path
 from ssr_ui.tools.screenshots import wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"  # Debian's, driven through Playwright (no browser download; .ci/run installs it)
 
 
 def free_port() -> int:

@@ -36,13 +36,14 @@ def browser():
     """Debian's Chromium through Playwright, one per test module (skipped, saying why, where it is missing)."""
     from pathlib import Path
 
-    chromium = "/usr/bin/chromium"
-    if not Path(chromium).exists():
+    from tests.apps import CHROMIUM
+
+    if not Path(CHROMIUM).exists():
         pytest.skip("Debian chromium is not installed (.ci/run installs it)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu",
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu",
                                                               "--disable-background-networking", "--no-first-run"])
         yield b
         b.close()

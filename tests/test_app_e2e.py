@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.apps import ROOT, cancel_replies, launched, query, wait_for
+from tests.apps import CHROMIUM, ROOT, cancel_replies, launched, query, wait_for
 
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
 CLASS_PROMPT = ("Write a Python class Garden. Fields: rose, tulip, daisy. Each field starts at its letter count "
                 "times 3. Methods: total, reset.")
 

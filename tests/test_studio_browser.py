@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 
 from engine.tools.synthetic import EVAL_SEED_BASE, make_example
-from tests.apps import ROOT, launched, query
+from tests.apps import CHROMIUM, ROOT, launched, query
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"
 CLASS = make_example("classes", EVAL_SEED_BASE + 1).prompt
 ARITH = make_example("arithmetic", EVAL_SEED_BASE + 2).prompt

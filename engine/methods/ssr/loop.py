@@ -87,9 +87,8 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
     cfg.check_ssr()
     prompt_ids = lm.prompt_ids(prompt)
     planned = cfg.num_drafts if drafts else 0
-    last_fork = min(fork_point(cfg, planned - 1), cfg.max_think) if planned else 0
-    new_tokens = len(markers.close_ids) + max(cfg.max_think + cfg.max_answer,
-                                              last_fork + cfg.max_draft if planned else 0)
+    drafts_end = min(fork_point(cfg, planned - 1), cfg.max_think) + cfg.max_draft if planned else 0  # the last draft's
+    new_tokens = len(markers.close_ids) + max(cfg.max_think + cfg.max_answer, drafts_end)
     lm.check_fits(len(prompt_ids), new_tokens)
     lm.rope.check_speculation(len(prompt_ids) + new_tokens, lm.model_id, lm.layout.recurrent)  # past a RoPE switch
     caps = require(lm, "SSR")  # measured on this model once: refused here, never a crash or divergence mid-run
