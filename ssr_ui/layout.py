@@ -422,12 +422,15 @@ def build_app(studio: Studio) -> gr.Blocks:
                 example_set.dataset.click(lambda shows=shows, suits=suits: (shows, suits), None, [method, model],
                                           **PRIVATE)
 
+        # picks: the last one clicked is what shows (gradio's default, "once", drops a click made while the
+        # previous pick is still being drawn, leaving the radio on one run and the panes on another)
+        picked = dict(PRIVATE, trigger_mode="always_last")
         run_pick.input(show_run, [last_runs, run_pick, tl_x],
-                       [reasoning_pane, draft_pane, answer_pane, metrics, last_view, draft_pick, timeline], **PRIVATE)
+                       [reasoning_pane, draft_pane, answer_pane, metrics, last_view, draft_pick, timeline], **picked)
         for box, x_axis, state in ((timeline, tl_x, last_view), (h_timeline, h_tl_x, h_view)):
-            x_axis.input(lambda view, x: where_time_goes(view or empty, x), [state, x_axis], [box], **PRIVATE)
+            x_axis.input(lambda view, x: where_time_goes(view or empty, x), [state, x_axis], [box], **picked)
         draft_pick.input(lambda view, which: view.draft_html(which) if view else "", [last_view, draft_pick],
-                         [draft_pane], **PRIVATE)
+                         [draft_pane], **picked)
 
         def stop(request: gr.Request):
             studio.jobs.cancel_session(request.session_hash)
