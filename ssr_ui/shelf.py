@@ -1,8 +1,10 @@
 """The studio's models and scorers, by name: each loaded once, on first use, outside the run lock
 (other runs go on meanwhile), on its vLLM server when the app was given one for it, and given up
 after ``load_timeout`` seconds with a message. While a model loads, :meth:`ModelShelf.loading`
-yields what the load last reported (a GGUF file's first conversion says so), so a handler can
-show it."""
+yields what the load last reported, stage by stage (a GGUF file's first conversion, reading the
+weights, the capability probe or its cached result), so a handler can show it. A load runs no
+warm-up of its own: each kind of run is warmed, untimed, before its first timed run
+(:meth:`ModelShelf.warm`)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import Iterator
 
 from engine.remote.model import RemoteModel
 from engine.runtime.model import LoadedModel, ModelLoadError
+from engine.runtime.probe import capabilities
 from engine.wiring import Server, load_role, load_scorer
 
 
@@ -44,9 +47,10 @@ class ModelShelf:
         given up, with a ModelLoadError, ``load_timeout`` seconds after it started, its worker left
         to finish unheard). With ``poll_s``, yields a status line every ``poll_s`` seconds while it
         waits: for another load to end, then for this one (its seconds so far and its latest
-        progress message, ``load_messages[key]``); nothing when ``key`` is loaded already. The load
-        lock is held between yields: closing the generator (a stopped handler, a client gone) lets
-        it go, and the load goes on: the next call for ``key`` waits for the same worker."""
+        progress message, ``load_messages[key]``), and once more when the load is done; nothing when
+        ``key`` is loaded already. The load lock is held between yields: closing the generator (a
+        stopped handler, a client gone) lets it go, and the load goes on: the next call for ``key``
+        waits for the same worker."""
         wait = self.load_timeout if poll_s is None else poll_s
         while not self._load_lock.acquire(timeout=-1 if poll_s is None else poll_s):
             yield "waiting for another model's load to end"
@@ -82,6 +86,8 @@ class ModelShelf:
             if "error" in out:
                 raise out["error"]
             cache[key] = out["value"]
+            if poll_s is not None:  # how the load ended (the probe measured or read back from its cache)
+                yield f"{time.monotonic() - started:.0f} s · {self.load_messages.get(key) or 'loaded'}"
         finally:
             self._load_lock.release()
 
@@ -94,8 +100,11 @@ class ModelShelf:
     def loading(self, name: str, poll_s: float = 0.5) -> Iterator[str]:
         """Load the model ``name`` (as :meth:`model`) if it is not loaded yet, yielding a status
         line every ``poll_s`` seconds until it is (see :meth:`_loading`): how long it has taken and
-        what the load last reported, e.g. "12 s · dequantizing 272 tensors of ... (first use; kept
-        in ...)". Then :meth:`model` returns it at once; a load that fails raises here."""
+        what the load last reported, e.g. "12 s · converting SmolLM2-135M-Instruct.Q4_1.gguf:
+        dequantizing 272 tensors (first use; kept in ...)", then "loading ...'s weights", the probe
+        ("measuring what SSR relies on ...") and "loaded; capabilities measured in 3.1 s (the
+        probe)" or "loaded; capabilities from the probe cached on ...". Then :meth:`model` returns
+        it at once; a load that fails raises here."""
         name = (name or self.default_model).strip()
         yield from self._loading(name, self._models, self._model_loader(name), poll_s)
 
@@ -105,9 +114,8 @@ class ModelShelf:
 
         def load():
             lm = load_role(name, self.device, self.servers.get(name), progress=progress)
-            if isinstance(lm, LoadedModel):
-                self.load_messages[name] = "loaded; running a first forward"
-                lm.warm_up()  # in process: the first forward's one-off costs, before any timed run
+            if isinstance(lm, LoadedModel):  # no warm-up here: each kind of run is warmed before its first (warm)
+                self.load_messages[name] = f"loaded; {capabilities(lm).provenance}"
                 lm.max_cache_bytes = self.max_cache_bytes
             return lm
 
@@ -129,8 +137,10 @@ class ModelShelf:
             return
         from engine.registry import decoder  # (the shelf loads models; running one is the studio's)
 
-        small = cfg.replace(max_think=min(cfg.max_think, 24), max_answer=min(cfg.max_answer, 8),
-                            max_draft=min(cfg.max_draft, 8), draft_start=min(cfg.draft_start, 8), draft_interval=4,
+        # long enough for each shape a run meets (prefill, one row, rows forked at 6 and 10, their verifies), no
+        # longer: on SmolLM2 the first timed run after it is as fast as a steady one (docs/BENCHMARKS.md, "First load")
+        small = cfg.replace(max_think=min(cfg.max_think, 12), max_answer=min(cfg.max_answer, 4),
+                            max_draft=min(cfg.max_draft, 8), draft_start=min(cfg.draft_start, 6), draft_interval=4,
                             max_steps=min(cfg.max_steps, 3))
         rsd = rsd or {}
         list(decoder(method, lm, rsd.get("draft"), rsd.get("scorer"))("warm up", small))

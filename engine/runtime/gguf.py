@@ -7,10 +7,12 @@ dequantizes its tensors (``gguf`` package) and rebuilds the tokenizer from its m
 result is written as a plain model folder (float32 weights, as dequantized: nothing rounded) under
 the cache (``$SSR_STUDIO_CACHE``, else ``~/.cache/ssr-studio``), keyed by the file's path, size and
 modification time. Later loads read that folder in a second or two, at the run's dtype; reading
-a GGUF file's metadata in Python takes 15-60 s a time.
+a GGUF file's metadata in Python is most of a conversion (SmolLM2-135M: 20 s in all, Gemma-3-270M:
+50 s, on two CPU cores; README "A real model, offline").
 
 >>> folder = local_folder("smollm2-135m-instruct", progress=print)  # converts on first use
-dequantizing 272 tensors of SmolLM2-135M-Instruct.Q4_1.gguf (first use; kept in ~/.cache/ssr-studio)
+converting SmolLM2-135M-Instruct.Q4_1.gguf: dequantizing 272 tensors (first use; kept in ~/.cache/ssr-studio)
+converted SmolLM2-135M-Instruct.Q4_1.gguf in 20 s
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import shutil
 import struct
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,12 +144,13 @@ def local_folder(name: str, progress: Progress | None = None) -> Path:
     if (folder / "config.json").is_file():
         return folder
     say = progress or (lambda _msg: None)
-    say(f"dequantizing {tensor_count(path)} tensors of {path.name} (first use; kept in {cache_dir()})")
+    say(f"converting {path.name}: dequantizing {tensor_count(path)} tensors (first use; kept in {cache_dir()})")
+    started = time.perf_counter()
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         _convert(path, tmp)
-        say(f"converted {path.name}")
+        say(f"converted {path.name} in {time.perf_counter() - started:.0f} s")
         try:
             os.replace(tmp, folder)
         except OSError:  # another process converted it meanwhile: theirs is as good

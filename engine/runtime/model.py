@@ -130,6 +130,9 @@ class LoadedModel:
         self._exact_checks: dict[tuple, Invariance] = {}  # exact mode's self-check, per (route, compiled), once measured
         self.max_cache_bytes: int | None = None  # an operator's bound on one cache (None: what is available)
         self.slot_bytes: float | None = None  # KV bytes per slot per row, as measured on a cache of this model
+        # what the weights were read from (load_model: a folder and its files, or a Hub snapshot), which keys the
+        # capability probe's cache; None (built in memory): probed every time
+        self.source: dict | None = None
 
     @property
     def layout(self) -> CacheLayout:
@@ -155,16 +158,6 @@ class LoadedModel:
     def prompt_ids(self, user_text: str) -> list[int]:
         """The user message templated, think block opened (:func:`chat_prompt_ids`)."""
         return chat_prompt_ids(self.tokenizer, self.markers, user_text)
-
-    def warm_up(self) -> None:
-        """One short prefill and one batched step, so a first run's timings do not include the
-        framework's one-off kernel setup."""
-        self.begin_run()
-        cache = self.new_cache()
-        ids = self.prompt_ids("warm up")
-        self.step_logits(ids, cache, 0)
-        take_rows(cache, [0, 0])
-        self.forward(torch.tensor([[ids[-1]], [ids[-1]]], device=self.device), cache, len(ids))
 
     @property
     def dtype(self) -> str:
@@ -424,6 +417,8 @@ def load_model(name: str | None = None, device: str | None = None, dtype: str | 
             raise ModelLoadError(f"{path!r} is not a model folder (no config.json)")
     elif path.startswith((".", "/", "~")) or path.count("/") != 1:
         raise ModelLoadError(f"model folder {path!r} does not exist (and it is not a Hub id like 'Qwen/Qwen3-0.6B')")
+    if progress is not None:
+        progress(f"loading {name or path}'s weights ({str(torch_dtype).removeprefix('torch.')} on {dev.type})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code)
@@ -439,7 +434,29 @@ def load_model(name: str | None = None, device: str | None = None, dtype: str | 
         raise ModelLoadError(f"could not load model {path!r}: {str(err).splitlines()[0]}") from None
     if dev.type != "cuda":
         model = model.to(dev)
-    return LoadedModel(model, tokenizer, name or "tiny-reasoner", find_markers(tokenizer, preset), preset)
+    lm = LoadedModel(model, tokenizer, name or "tiny-reasoner", find_markers(tokenizer, preset), preset)
+    lm.source = model_source(path, trust_remote_code)
+    return lm
+
+
+def model_source(path: str, trust_remote_code: bool = False) -> dict | None:
+    """What a model was loaded from, as the capability probe's cache keys it: its folder (a Hub
+    id's is its snapshot in the Hub cache), that folder's path and each of its files' name, size
+    and modification time, so a changed or replaced file is another source. None where no folder
+    can be found (not cached)."""
+    local = Path(path).expanduser()
+    if not local.is_dir():
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            config = try_to_load_from_cache(path, "config.json")
+        except ValueError:  # not a valid Hub id
+            return None
+        if not isinstance(config, str):
+            return None
+        local = Path(config).parent
+    files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in local.iterdir() if f.is_file())
+    return {"folder": str(local.resolve()), "files": [list(f) for f in files], "trust_remote_code": trust_remote_code}
 
 
 def random_weights_model(name: str, device: str | None = None, dtype: str | None = None, seed: int = 0,

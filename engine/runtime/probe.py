@@ -31,17 +31,39 @@ that raises fails with the error. A failed rollback, fork or holes check refuses
 run (:meth:`Capabilities.ssr_refusal`), with what was measured; never a crash mid-run or a silent
 divergence. Results are kept per model object and route (they depend on the weights' dtype, the
 device and the library versions, all fixed for a loaded model).
+
+**The probe's cache.** What the probe measured on a model loaded from a folder (a GGUF file's
+converted folder, a bundled or local model, a Hub model's snapshot) is kept under the cache
+(``$SSR_STUDIO_CACHE/probe``, else ``~/.cache/ssr-studio/probe``), keyed by :func:`probe_identity`:
+the folder and each of its files' size and modification time (a converted folder's own name is
+keyed by its GGUF file's), the dtype, the device, the CPU's instruction set, the torch and
+transformers versions and the source of ``engine.runtime`` (the probe and the caches it measures).
+A later load of that model with that software reads it back instead of probing again
+(:attr:`Capabilities.cached` gives the date it was measured); a record that does not parse, or was
+written under another identity, is ignored and the probe runs again. A result in which a check
+raised is not kept (the error may be a passing one: memory). Models built in memory (tests,
+random weights) are probed every time.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib
+import json
+import os
+import platform
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 
 from engine.runtime.batch import RowBatch
-from engine.runtime.cache import checkpoint, threshold_length, tolerance, unknown_layer_kinds
+from engine.runtime.cache import checkpoint, layout, threshold_length, tolerance, unknown_layer_kinds
+from engine.runtime.gguf import cache_dir
 from engine.runtime.model import LoadedModel, SSRUnsupportedError
 
 
@@ -82,6 +104,15 @@ class Capabilities:
     tokens: int  # the prefix length the checks ran at
     tolerance: float
     seconds: float
+    cached: str | None = None  # when the probe read back from the cache ran ("2026-12-05 03:10 UTC"); None: this process
+
+    @property
+    def provenance(self) -> str:
+        """Where these capabilities come from, for a load's status line."""
+        if self.cached:
+            return (f"capabilities from the probe cached on {self.cached} (measured on this model, with this torch "
+                    "and transformers)")
+        return f"capabilities measured in {self.seconds:.1f} s (the probe)"
 
     def check(self, name: str) -> Check | None:
         return next((c for c in self.checks if c.name == name), None)
@@ -131,11 +162,109 @@ def probe_length(config, context: int | None) -> int:
 
 
 def capabilities(lm: LoadedModel) -> Capabilities:
-    """The probe's result for ``lm`` (measured once per model object, then kept)."""
+    """The probe's result for ``lm``: measured once per model object and kept; for a model loaded
+    from a folder or a Hub snapshot, read back from the probe's cache where this model was probed
+    with this software before, else measured and written there."""
     caps = getattr(lm, "_capabilities", None)
     if caps is None:
-        caps = lm._capabilities = _measure(lm)
+        identity = probe_identity(lm)
+        path = _cache_file(lm, identity) if identity else None
+        caps = _read(lm, path, identity) if path else None
+        if caps is None:
+            caps = _measure(lm)
+            if path and all(c.error is None for c in caps.checks):
+                _write(lm, path, identity, caps)
+        lm._capabilities = caps
     return caps
+
+
+CACHE_FORMAT = 1  # the cached record's layout; a change makes every old record another identity's
+
+
+@functools.lru_cache(maxsize=1)
+def _runtime_source() -> str:
+    """A digest of ``engine.runtime``'s source: the probe and the caches, forks and rollbacks it measures."""
+    digest = hashlib.sha256()
+    for file in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(file.name.encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def probe_identity(lm: LoadedModel) -> dict | None:
+    """Everything the probe's result on ``lm`` depends on (None: ``lm`` was not loaded from a
+    folder or a Hub snapshot, so its result is not cached)."""
+    if getattr(lm, "source", None) is None:
+        return None
+    import transformers
+
+    device = lm.device.type
+    if device == "cuda":
+        device += ":" + torch.cuda.get_device_name(lm.device)
+    return {"format": CACHE_FORMAT, "source": lm.source, "dtype": lm.dtype, "device": device,
+            "machine": platform.machine(), "cpu": torch.backends.cpu.get_cpu_capability(),
+            "torch": torch.__version__, "transformers": transformers.__version__, "engine": _runtime_source()}
+
+
+def _cache_file(lm: LoadedModel, identity: dict) -> Path:
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    name = Path(lm.source["folder"]).name
+    return cache_dir() / "probe" / f"{name}-{key}.json"
+
+
+def _read(lm: LoadedModel, path: Path, identity: dict) -> Capabilities | None:
+    """The cached result at ``path``, applied to ``lm`` as the probe would have (its routes, its
+    cache class, a slot's bytes); None where there is none, it does not parse or its identity is
+    not ``identity``."""
+    try:
+        record = json.loads(path.read_text())
+        if record["identity"] != identity:
+            return None
+        saved = dict(record["capabilities"])
+        checks = tuple(Check(**c) for c in saved.pop("checks"))
+        caps = Capabilities(checks=checks, **saved, cached=str(record["measured"]))
+        own = _cache_class(record["cache_class"])
+        holes_unsafe, slot_bytes = record["holes_unsafe"], record["slot_bytes"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError):
+        return None
+    typed = (isinstance(caps.one_token_steps, bool) and isinstance(holes_unsafe, bool) and isinstance(caps.tokens, int)
+             and all(isinstance(c.ok, bool) for c in checks) and isinstance(slot_bytes, (float, int, type(None))))
+    if not typed or own is False:
+        return None
+    lm._cache_plan = own, layout(lm.model.config, own)
+    lm.one_token_steps, lm.holes_unsafe, lm.slot_bytes = caps.one_token_steps, holes_unsafe, slot_bytes
+    return caps
+
+
+def _cache_class(name: str | None) -> type | None | bool:
+    """The cache class a record names ("module:qualname"; None: a SlotCache); False where it names
+    anything but a transformers cache class."""
+    from transformers.cache_utils import Cache
+
+    if name is None:
+        return None
+    module, _, qualname = name.partition(":")
+    found = functools.reduce(getattr, qualname.split("."), importlib.import_module(module))
+    return found if isinstance(found, type) and issubclass(found, Cache) else False
+
+
+def _write(lm: LoadedModel, path: Path, identity: dict, caps: Capabilities) -> None:
+    """Keep ``caps`` (and what the probe set on ``lm``) at ``path``, written whole or not at all."""
+    own = lm._plan()[0]
+    saved = asdict(caps)
+    del saved["cached"]
+    record = {"identity": identity, "measured": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+              "capabilities": saved, "holes_unsafe": lm.holes_unsafe, "slot_bytes": lm.slot_bytes,
+              "cache_class": None if own is None else f"{own.__module__}:{own.__qualname__}"}
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1)
+        os.replace(tmp, path)
+    except OSError:  # a cache that cannot be written (a read-only home): the next load probes again
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def _measure(lm: LoadedModel) -> Capabilities:
