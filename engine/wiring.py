@@ -80,10 +80,8 @@ def load_role(name: str, device: str | None = None, server: Server | None = None
         lm = random_weights_model(name, device)
     else:
         lm = load_model(name, device=device, progress=progress)
-    if isinstance(lm, LoadedModel):
-        if progress is not None:
-            progress(f"measuring what SSR relies on, on {name} (the capability probe: a few short forwards)")
-        capabilities(lm)  # measured at load, kept: what SSR relies on, on this model (engine.runtime.probe)
+    if isinstance(lm, LoadedModel):  # measured at load (or read back from its cache), kept: what SSR relies on
+        capabilities(lm, progress)
     if target is not None:
         check_pair(target, lm)
     return lm

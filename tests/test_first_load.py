@@ -15,7 +15,7 @@ from ssr_ui.shelf import ModelShelf
 
 def test_two_launches_probe_once_then_read_the_probe_back(tmp_path):
     out = tmp_path / "first-load.json"
-    assert first_load.main(["--model", "tiny-reasoner", "--methods", "ssr,baseline", "--launches", "2",
+    assert first_load.main(["--model", "tiny-reasoner", "--methods", "ssr,baseline", "--launches", "2", "--runs", "2",
                             "--cache", str(tmp_path / "cache"), "--json", str(out)]) == 0
     first, again = json.loads(out.read_text())["launches"]
     names = [[name for name, _ in launch["stages"]] for launch in (first, again)]
@@ -30,7 +30,7 @@ def test_two_launches_probe_once_then_read_the_probe_back(tmp_path):
     for launch in (first, again):
         seconds = [s for _, s in launch["stages"]]
         assert all(s >= 0 for s in seconds) and launch["waited"] >= sum(seconds) - 0.05
-        assert launch["first_run"] > 0 and launch["tokens"] > 0 and launch["method"] == "ssr"
+        assert launch["first_run"] > 0 and launch["steady"] > 0 and launch["tokens"] > 0 and launch["method"] == "ssr"
 
 
 def test_a_method_it_cannot_measure_is_refused_by_name(capsys):

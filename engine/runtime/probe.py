@@ -63,7 +63,7 @@ import torch
 
 from engine.runtime.batch import RowBatch
 from engine.runtime.cache import checkpoint, layout, threshold_length, tolerance, unknown_layer_kinds
-from engine.runtime.gguf import cache_dir
+from engine.runtime.gguf import Progress, cache_dir
 from engine.runtime.model import LoadedModel, SSRUnsupportedError
 
 
@@ -161,16 +161,19 @@ def probe_length(config, context: int | None) -> int:
     return min(length, context - TAIL) if context else length
 
 
-def capabilities(lm: LoadedModel) -> Capabilities:
+def capabilities(lm: LoadedModel, progress: Progress | None = None) -> Capabilities:
     """The probe's result for ``lm``: measured once per model object and kept; for a model loaded
     from a folder or a Hub snapshot, read back from the probe's cache where this model was probed
-    with this software before, else measured and written there."""
+    with this software before, else measured and written there. ``progress`` hears a line when
+    the probe actually runs."""
     caps = getattr(lm, "_capabilities", None)
     if caps is None:
         identity = probe_identity(lm)
         path = _cache_file(lm, identity) if identity else None
         caps = _read(lm, path, identity) if path else None
         if caps is None:
+            if progress is not None:
+                progress(f"measuring what SSR relies on, on {lm.model_id} (the capability probe: a few short forwards)")
             caps = _measure(lm)
             if path and all(c.error is None for c in caps.checks):
                 _write(lm, path, identity, caps)
