@@ -50,6 +50,8 @@ class RunConfig:
     spec_factor: float = 0.0  # > 0: a suffix proposal is at most spec_factor x its match length (SuffixDecoding)
     suffix_recovery: bool = True  # reuse drafts after the first mismatch
     context_lookup: bool = True  # then search the prompt, the reasoning and the answer itself
+    # auto: fork the drafts only where they have paid on this model (engine.methods.ssr.policy); always: as planned
+    drafting: str = "auto"
     # --- RSD (the released code's defaults: binary threshold 0.7, at most 100 steps)
     threshold: float = 0.7  # binary rule: keep a draft step iff its reward >= threshold
     weighting: str = "binary"  # or a soft rule: constant, clipping, sigmoidal, logistic
@@ -184,10 +186,11 @@ LABELS = {"max_think": "Max think", "max_answer": "Max answer", "temperature": "
           "weight_param": "Weight parameter", "max_steps": "Max steps", "max_step_tokens": "Max step tokens",
           "draft_confidence": "Draft doubt", "exit_k": "Agreeing drafts", "exit_min_think": "Min reasoning",
           "exit_confidence": "Exit confidence", "exact": "Exact mode", "exact_route": "Exact route",
-          "compile": "Compiled steps"}
+          "compile": "Compiled steps", "drafting": "Drafting"}
 COUNTS = ("max_think", "max_answer", "max_draft", "num_drafts", "max_spec", "min_match", "max_steps", "max_step_tokens",
           "exit_k")
-CHOICES = {"weighting": WEIGHTINGS, "compile": COMPILE_MODES, "exact_route": EXACT_ROUTES}
+DRAFTING = ("auto", "always")  # SSR's drafts: where they pay on this model, or always as planned
+CHOICES = {"weighting": WEIGHTINGS, "compile": COMPILE_MODES, "exact_route": EXACT_ROUTES, "drafting": DRAFTING}
 # the plain ranges, inclusive, with what their ends mean: rule() words them, _valid() checks them
 RANGES = {**{name: (1, MAX_COUNT, "") for name in COUNTS},
           "think_spec": (0, MAX_COUNT, " (0: one token per reasoning step)"), "seed": (0, MAX_SEED, ""),

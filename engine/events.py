@@ -94,6 +94,10 @@ class RunStats:
     # SSR: mean seconds per reasoning step with no draft live / with drafts riding in the batch
     step_s_alone: float | None = None
     step_s_drafting: float | None = None
+    # SSR's cost-aware drafting (engine.methods.ssr.policy): its decision for this run in words ("" when drafting is
+    # "always", or for another method), and the answer forwards the drafts saved that no lookup would have
+    drafting: str = ""
+    draft_saved: int = 0
     # RSD accounting (zero for other methods); FLOPs = 2 x parameters x tokens processed, per model
     flops: float = 0.0
     steps_accepted: int = 0

@@ -19,7 +19,7 @@ import gradio as gr
 
 from engine.benchmarks.problems import BUNDLED_SETS, TASKS
 from engine.benchmarks.problems import PRESETS as DATASET_PRESETS
-from engine.config import LABELS, RunConfig, number, rule
+from engine.config import DRAFTING, LABELS, RunConfig, number, rule
 from engine.methods.rsd.acceptance import WEIGHTINGS
 from engine.presets import BUNDLED, PRESETS, with_exit_probes
 from engine.registry import METHODS
@@ -179,6 +179,9 @@ def build_app(studio: Studio) -> gr.Blocks:
                     think_spec = _as_sent(gr.Number(
                         value=cfg.think_spec, precision=0, label="Reasoning lookup",
                         info="lookup tokens each row may verify per reasoning step (0: one token per step, as in the paper)"))
+                    drafting = gr.Radio(list(DRAFTING), value=cfg.drafting, label=LABELS["drafting"], elem_id="drafting",
+                                        info="auto: SSR forks its drafts only where they have paid on this model "
+                                             "(their batch cost against the forwards they saved); always: as planned")
                 with gr.Row():
                     # number boxes, not sliders: a slider's box clamps what is typed (5 became 2)
                     temperature = _as_sent(gr.Number(value=cfg.temperature, label="Temperature",
@@ -361,7 +364,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                         "draft_model": draft_model, "prm": prm, "threshold": threshold, "weighting": weighting,
                         "weight_param": weight_param, "think_spec": think_spec, "exact": exact,
                         "exact_route": exact_route, "draft_confidence": draft_confidence, "compile": compile_steps,
-                        "exit_k": exit_k, "exit_min_think": exit_min_think, "exit_confidence": exit_confidence}
+                        "exit_k": exit_k, "exit_min_think": exit_min_think, "exit_confidence": exit_confidence,
+                        "drafting": drafting}
         models = {"draft_model": "", "prm": ""}  # not RunConfig fields: "" means the studio's default
 
         @contextlib.contextmanager

@@ -526,6 +526,11 @@ TERMS = {
     "tokens saved": "reasoning tokens this run did not write, against the baseline it is compared with (a Compare's "
                     "own baseline run, else the median of the matching logged ones); without one, the reasoning "
                     "budget it left unused",
+    "drafts' own": "answer forwards the drafts saved that the lookups in the prompt, the reasoning and the answer "
+                   "would not have proposed at that step: what the drafts themselves earned",
+    "drafting": "SSR's cost-aware drafting (Drafting: auto): it forks its drafts only where, in this model's recent "
+                "runs, they saved more time than they cost riding in the reasoning's batch; otherwise it runs on its "
+                "lookups alone and re-measures every few runs",
     "verify": "where SSR's verifies ran: in the model's own steps, on a speculating server, or as client-side "
               "verify requests",
 }
@@ -597,6 +602,11 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
     saved = view.saved_by()
     if saved:
         items.append(("forwards saved", " · ".join(f"{who} {n}" for who, n in saved.items())))
+    if view.stats and view.stats.drafts and view.phase in ("done", "ok", "imported"):
+        items.append(("drafts' own", f"{view.stats.draft_saved} forward{'s' if view.stats.draft_saved != 1 else ''} "
+                                     "no lookup would have saved"))
+    if view.stats and view.stats.drafting:
+        items.append(("drafting", html.escape(view.stats.drafting)))
     if compare is not None and not compare.get("baselines"):
         left = _left_out(compare.get("pool") or {})
         items.append(("vs baseline", "no baseline run with these settings yet: run Baseline with them" if not left

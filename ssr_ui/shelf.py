@@ -141,7 +141,7 @@ class ModelShelf:
         # longer: on SmolLM2 the first timed run after it is as fast as a steady one (docs/BENCHMARKS.md, "First load")
         small = cfg.replace(max_think=min(cfg.max_think, 12), max_answer=min(cfg.max_answer, 4),
                             max_draft=min(cfg.max_draft, 8), draft_start=min(cfg.draft_start, 6), draft_interval=4,
-                            max_steps=min(cfg.max_steps, 3))
+                            max_steps=min(cfg.max_steps, 3), drafting="always")  # (no measure of what drafts are worth)
         rsd = rsd or {}
         list(decoder(method, lm, rsd.get("draft"), rsd.get("scorer"))("warm up", small))
         self._warm_kinds.add(self._kind(lm, method, cfg))

@@ -54,8 +54,8 @@ class Bench:
     def warm_up(self, problem: Problem, stop: Callable[[], bool] | None = None) -> bool:
         """Each method once on ``problem``, unlogged and untimed (compiles, caches, first-call costs,
         the allocations of a full-length run); False when ``stop()`` turned true first."""
-        for m in self.methods:
-            events = self._decode(m)(problem.prompt, self.config(m))
+        for m in self.methods:  # SSR's drafts as planned: a warm-up's costs are no measure of what drafts are worth
+            events = self._decode(m)(problem.prompt, self.config(m).replace(drafting="always"))
             try:
                 for ev in events:
                     if self.watch is not None:

@@ -109,6 +109,10 @@ def summarize(runs: list[dict], greedy: bool, history: list[dict] | None = None)
             row["accuracy_ci95"] = wilson(sum(checked), len(checked))
             row["graded"] = len(checked)
             row["graded_by"] = ", ".join(sorted({r["graded_by"] for r in mine if "correct" in r and r.get("graded_by")}))
+        if any(r.get("drafting") for r in mine):  # SSR's cost-aware drafting: how many runs forked their drafts
+            row["drafted_runs"] = f"{sum(1 for r in mine if r.get('drafts'))}/{len(mine)}"
+        if any(r.get("drafts") for r in mine):  # the answer forwards the drafts saved that no lookup would have
+            row["median_draft_saved"] = statistics.median(r.get("draft_saved", 0) for r in mine if r.get("drafts"))
         step_ratios = [r["step_s_drafting"] / r["step_s_alone"] for r in mine if r["step_s_drafting"] and r["step_s_alone"]]
         if step_ratios:
             row["median_step_ratio_with_draft"] = statistics.median(step_ratios)
@@ -235,6 +239,8 @@ COLUMNS = [("method", "method", "{}"), ("accuracy", "accuracy", "{:.1%}"),
            ("median_accepted", "accepted", "{:.0f}"), ("median_recovered", "recovered", "{:.0f}"),
            ("answers_equal_baseline", "= baseline", "{}"),
            ("median_step_ratio_with_draft", "step s with drafts / alone", "{:.2f}"),
+           ("drafted_runs", "runs that drafted", "{}"),
+           ("median_draft_saved", "forwards the drafts saved beyond lookups (median, drafted runs)", "{:.0f}"),
            ("fraction_steps_accepted", "steps kept", "{:.1%}"), ("verdict", "verdict", "{}")]
 # the bench's printed table by default (about 90 columns; ``--full-table`` prints COLUMNS): a key tuple is one cell
 COMPACT_COLUMNS = [("method", "method", "{}"), ("accuracy", "accuracy", "{:.0%}"),
@@ -246,7 +252,7 @@ COMPACT_COLUMNS = [("method", "method", "{}"), ("accuracy", "accuracy", "{:.0%}"
                    (("median_latency_ratio_to_lookups", "latency_ratio_iqr_to_lookups"), "/ lookups alone (IQR)",
                     "{0[0]:.2f} ({0[1][0]:.2f}-{0[1][1]:.2f})"),
                    ("median_tokens_per_s", "tok/s", "{:.1f}"), ("answers_equal_baseline", "= baseline", "{}"),
-                   ("verdict", "verdict", "{}")]
+                   ("drafted_runs", "drafted", "{}"), ("verdict", "verdict", "{}")]
 
 
 def where_time_went(runs: list[dict]) -> list[str]:

@@ -9,7 +9,7 @@ import sqlite_utils
 
 from engine.events import RunStats
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 
 
 def _migrate_1(db: sqlite_utils.Database) -> None:
@@ -108,9 +108,16 @@ def _migrate_14(db: sqlite_utils.Database) -> None:
     _add_columns(db["runs"], _stats_columns())
 
 
+def _migrate_15(db: sqlite_utils.Database) -> None:
+    """Version 15: SSR's cost-aware drafting, its decision in words (``RunStats.drafting``) and the answer
+    forwards the drafts saved that no lookup would have (``RunStats.draft_saved``). Runs logged before: empty, 0."""
+    _add_columns(db["runs"], _stats_columns())
+
+
 MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6, 7: _migrate_7,
               8: _migrate_8, 9: _migrate_9, 10: _migrate_10, 11: _migrate_11,
-              12: _migrate_12, 13: _migrate_13, 14: _migrate_14}
+              12: _migrate_12, 13: _migrate_13, 14: _migrate_14,
+              15: _migrate_15}
 
 
 def _stats_columns() -> dict:

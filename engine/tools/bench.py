@@ -80,7 +80,7 @@ CONFIG_FLAGS = {"draft_start": int, "max_think": int, "max_draft": int, "max_ans
                 "draft_interval": int, "max_spec": int, "think_spec": int, "min_match": int, "spec_factor": float, "temperature": float, "top_p": float,
                 "seed": int, "threshold": float, "weighting": str, "weight_param": float, "draft_confidence": float,
                 "exit_k": int, "exit_min_think": int, "exit_confidence": float, "max_steps": int,
-                "max_step_tokens": int}
+                "max_step_tokens": int, "drafting": str}
 
 
 def add_source_args(ap: argparse.ArgumentParser, required: bool = True) -> None:

@@ -51,7 +51,8 @@ from engine.methods.budget import ThinkBudget
 from engine.methods.recorder import Recorder
 from engine.methods.sampling import Chooser
 from engine.methods.seams import StepModel
-from engine.methods.ssr.proposers import Draft, DraftPrefixProposer, Proposer, SuffixProposer
+from engine.methods.ssr.policy import ledger, plan
+from engine.methods.ssr.proposers import Draft, DraftPrefixProposer, Proposal, Proposer, SuffixProposer
 from engine.methods.ssr.rows import Row, RowStep
 from engine.methods.ssr.suffix_index import SuffixIndex
 from engine.runtime.batch import RowBatch
@@ -86,7 +87,11 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
     markers = lm.require_markers()
     cfg.check_ssr()
     prompt_ids = lm.prompt_ids(prompt)
-    planned = cfg.num_drafts if drafts else 0
+    # plain SSR forks its drafts where they pay on this model (engine.methods.ssr.policy); a method built on the
+    # loop (early exit) needs its drafts as probes, and the ablation has none
+    book = ledger(lm, cfg) if drafts and budget_class is SSRBudget and cfg.drafting == "auto" else None
+    decision = plan(book, cfg) if book is not None else None
+    planned = 0 if not drafts else decision.drafts if decision is not None else cfg.num_drafts
     drafts_end = min(fork_point(cfg, planned - 1), cfg.max_think) + cfg.max_draft if planned else 0  # the last draft's
     new_tokens = len(markers.close_ids) + max(cfg.max_think + cfg.max_answer, drafts_end)
     lm.check_fits(len(prompt_ids), new_tokens)
@@ -100,6 +105,7 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
                                               max(cfg.think_spec, len(markers.close_ids)) + 1))
     rec.start_clock(lm.step_mode)
     rec.stats.verify = caps.verify
+    rec.stats.drafting = decision.why if decision is not None else ""
     index = SuffixIndex(cfg.min_match)
     index.extend("prompt", prompt_ids)
     state = _State(lm, cfg, rec, index, Chooser(cfg.temperature, cfg.top_p, cfg.seed),
@@ -117,7 +123,10 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
     rec.stats.cache_mb = cache_mb(state.cache)
     rec.stats.flops = rec.stats.target_flops = 2.0 * lm.num_parameters * rec.stats.target_tokens
     yield rec.phase("done")
-    yield rec.done()
+    done = rec.done()
+    if book is not None:  # what this run's drafts cost and saved (or that it had none), for the next run's plan
+        book.record(done.stats, planned)
+    yield done
 
 
 class SSRState(Protocol):
@@ -356,8 +365,9 @@ def answer_by_verification(s: SSRState, budget: SSRBudget) -> Iterator[Event]:
     proposers: list[Proposer] = [DraftPrefixProposer(budget.lead(s.drafts))]
     if cfg.suffix_recovery and s.drafts:
         proposers.append(SuffixProposer(s.index, [d.name for d in reversed(s.drafts)], stop, cfg.spec_factor))
+    lookups = SuffixProposer(s.index, ["reasoning", "prompt", "answer"], stop, cfg.spec_factor)
     if cfg.context_lookup:
-        proposers.append(SuffixProposer(s.index, ["reasoning", "prompt", "answer"], stop, cfg.spec_factor))
+        proposers.append(lookups)
     while len(s.answer) < cfg.max_answer:
         # 1. propose
         cap = s.room()  # longrope: a verify stays below the switch point until its first kept logit is past it
@@ -372,7 +382,11 @@ def answer_by_verification(s: SSRState, budget: SSRBudget) -> Iterator[Event]:
         fed, t0 = len(s.unfed) + len(proposed), rec.now()
         accepted, nxt = s.verify(proposed, prop.probs if prop else None)
         t1 = s.forward_end
-        # 3. accept; a draft's end, accepted, ends the answer
+        # 3. accept; a draft's end, accepted, ends the answer. What a draft won is a draft's own only where
+        #    the lookups (when on) would not have proposed it at this step (RunStats.draft_saved)
+        if prop is not None and prop.draft is not None and accepted:
+            rec.stats.draft_saved += accepted - _common(proposed[:accepted], lookups.propose(s.answer, room)
+                                                        if cfg.context_lookup else None)
         taken = proposed[:accepted]
         ended = bool(taken) and taken[-1] in stop
         if ended:
@@ -402,6 +416,16 @@ def answer_by_verification(s: SSRState, budget: SSRBudget) -> Iterator[Event]:
         s.answer.append(nxt)
         s.index.extend("answer", [nxt])
         s.unfed = [nxt]
+
+
+def _common(tokens: list[int], other: Proposal | None) -> int:
+    """How many of ``tokens`` ``other``'s proposal starts with (0: no proposal)."""
+    n = 0
+    for a, b in zip(tokens, other.tokens if other is not None else [], strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 def _mean(xs: list[float]) -> float | None:
