@@ -18,6 +18,7 @@ import sys
 
 from starlette.middleware import Middleware
 
+from engine.config import DRAFTING
 from engine.remote.model import check_backend
 from engine.remote.speculation import SPECULATIONS
 from engine.runlog import RunLogError
@@ -55,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "SSR lets it verify from the drafts (docs/SCALING.md)")
     ap.add_argument("--compile", choices=COMPILE_MODES, default="auto",
                     help="compiled fixed-shape steps (torch.compile, CUDA graphs): auto = on CUDA only")
+    ap.add_argument("--drafting", choices=DRAFTING, default="auto",
+                    help="SSR's drafts: auto = forked only where they have paid on the model (docs/SSR.md), "
+                         "always = as planned (the Drafting setting's default)")
     ap.add_argument("--max-run-seconds", type=float, default=MAX_RUN_S, help="a run still going after this is stopped")
     ap.add_argument("--max-cache-gb", type=float, default=None, help="refuse a run whose KV cache would take more "
                     "(a Space's guard; the memory available is always checked)")
@@ -85,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError("--server-speculation describes the --base-url server: give --base-url too")
         public = Public.build(args.public, args.models, [args.model, args.draft_model, args.prm], args.max_jobs)
         studio = Studio(args.model, args.db, args.device, args.draft_model, args.prm, args.load_timeout,
-                        args.max_run_seconds, args.compile, servers(args), args.max_cache_gb, public)
+                        args.max_run_seconds, args.compile, servers(args), args.max_cache_gb, public, args.drafting)
     except (ValueError, RunLogError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

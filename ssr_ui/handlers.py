@@ -78,10 +78,11 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
     def __init__(self, model: str | None = None, db: str = "runs.db", device: str | None = None,
                  draft_model: str = DEFAULT_DRAFT, prm: str = DEFAULT_PRM, load_timeout: float = LOAD_TIMEOUT_S,
                  max_run_s: float = MAX_RUN_S, compile: str = "auto", servers: dict | None = None,
-                 max_cache_gb: float | None = None, public: Public | None = None) -> None:
+                 max_cache_gb: float | None = None, public: Public | None = None, drafting: str = "auto") -> None:
         # models on vLLM servers, by name: a Server's fields (app --base-url, --draft-base-url, --prm-base-url)
         ModelShelf.__init__(self, model or "tiny-reasoner", prm, device, load_timeout, servers, max_cache_gb)
         self.compile = RunConfig(compile=compile).compile  # the runs' compiled-steps default (app --compile)
+        self.drafting = RunConfig(drafting=drafting).drafting  # SSR's drafting default (app --drafting)
         self.default_draft, self.max_run_s = draft_model, max_run_s
         self.log = RunLog(db)
         self.jobs = Jobs()
@@ -113,11 +114,12 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         studio's list is refused first (:meth:`vet`)."""
         self.vet(model_name)
         model = model_name or self.default_model
-        known = run_config(model, {"compile": self.compile}).to_dict()  # what a setting's range depends on
+        defaults = {"compile": self.compile, "drafting": self.drafting}
+        known = run_config(model, defaults).to_dict()  # what a setting's range depends on
         given = {}
         for name in sorted(settings, key=lambda k: k not in RANGE_SETTERS):  # a box left empty is an error too
             given[name] = RunConfig.coerce(name, settings[name], {**known, **given})
-        return run_config(model, {"compile": self.compile, **given})
+        return run_config(model, {**defaults, **given})
 
     # ------------------------------------------------------------------ the streaming handler
     def run(self, prompt: str, method: str = "SSR", model_name: str = "", draft_model: str = "",

@@ -603,8 +603,8 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
     if saved:
         items.append(("forwards saved", " · ".join(f"{who} {n}" for who, n in saved.items())))
     if view.stats and view.stats.drafts and view.phase in ("done", "ok", "imported"):
-        items.append(("drafts' own", f"{view.stats.draft_saved} forward{'s' if view.stats.draft_saved != 1 else ''} "
-                                     "no lookup would have saved"))
+        n = view.stats.draft_saved
+        items.append(("drafts' own", f"{n} forward{'s' if n != 1 else ''} no lookup would have saved"))
     if view.stats and view.stats.drafting:
         items.append(("drafting", html.escape(view.stats.drafting)))
     if compare is not None and not compare.get("baselines"):

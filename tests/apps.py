@@ -28,7 +28,9 @@ def launched(folder: Path, *args: str, db: Path | None = None):
     port, db = free_port(), db or folder / "runs.db"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1"}
     log = open(folder / "app.log", "w")  # noqa: SIM115 (the process writes to it until the caller stops it)
-    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--db", str(db), *args], cwd=ROOT,
+    # SSR's drafts as planned (the tests that show them need them), unless a test asks for its own drafting
+    drafting = () if "--drafting" in args else ("--drafting", "always")
+    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--db", str(db), *drafting, *args], cwd=ROOT,
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         try:

@@ -24,7 +24,7 @@ def studio(tmp_path):
     from ssr_ui.handlers import Studio
     from tests.tiny import make_model
 
-    s = Studio("tiny", db=str(tmp_path / "runs.db"))
+    s = Studio("tiny", db=str(tmp_path / "runs.db"), drafting="always")  # SSR's drafts as planned: tests show them
     s.add_model("tiny", make_model("llama", init_scale=3.0))
     s.add_model("tiny-draft", make_model("qwen2", seed=4, init_scale=2.0))
     s.add_scorer("tiny-prm", MathShepherdScorer(make_model("llama", seed=5)))

@@ -5,7 +5,6 @@ kept where they pay, measured again every few runs, and the tokens never change.
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
@@ -175,3 +174,23 @@ def test_the_strip_says_what_drafting_decided_live_and_replayed(tmp_path, lm, mo
         strip = metrics_html(v, "SSR").replace("&#x27;", "'")
         assert "drafting" in strip and "none of 4: in the last 1 run with drafts on this model they cost" in strip
         assert "drafts' own" not in strip  # it forked none
+
+
+def test_the_studio_drafts_by_cost_by_default_and_always_when_asked(tmp_path, monkeypatch):
+    """Through the studio's handler (its Drafting setting, auto by default; app --drafting): under a
+    scripted cost that makes drafts a loss, the second SSR run forks none and its strip says why;
+    Drafting "always" forks them whatever the ledger holds."""
+    from ssr_ui.handlers import Studio
+
+    _slow(monkeypatch, rows_at_least=2, seconds=0.02)
+    studio = Studio("tiny-reasoner", db=str(tmp_path / "runs.db"))
+    settings = dict(max_think=96, max_answer=48, draft_start=16, num_drafts=4, draft_interval=16, max_draft=32,
+                    think_spec=4)
+    first = list(studio.run(PROMPTS[0], "SSR", **settings))[-1]
+    assert first.view.stats.drafts > 0 and "this one measures them" in first.metrics
+    second = list(studio.run(PROMPTS[1], "SSR", **settings))[-1]
+    assert second.view.stats.drafts == 0 and "none of 4: in the last 1 run with drafts" in second.metrics
+    forced = list(studio.run(PROMPTS[1], "SSR", **settings, drafting="always"))[-1]
+    assert forced.view.stats.drafts > 0 and not forced.view.stats.drafting
+    assert [r["drafts"] > 0 for r in reversed(studio.log.runs(limit=3))] == [True, False, True]
+    assert Studio("tiny-reasoner", db=str(tmp_path / "b.db"), drafting="always").config("").drafting == "always"

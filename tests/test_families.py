@@ -25,7 +25,7 @@ from tests.families import RECURRENT, SCALED_ROPE, SLIDING, SWITCH, family_model
 from tests.numeric import bug_id, expect, gap
 from tests.tiny import with_tokens
 
-SMALL = dict(max_think=16, max_answer=20, max_draft=14)
+SMALL = dict(max_think=16, max_answer=20, max_draft=14, drafting="always")  # the drafts' machinery: forked as planned
 SETTINGS = {
     "draft-at-0": dict(draft_start=0),
     "draft-at-1": dict(draft_start=1),

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from engine.runtime.model import LoadedModel
-from ssr_ui.tools import first_load
 from ssr_ui.shelf import ModelShelf
+from ssr_ui.tools import first_load
 
 
 def test_two_launches_probe_once_then_read_the_probe_back(tmp_path):

@@ -19,7 +19,7 @@ from engine.methods.ssr.loop import decode_ssr
 from tests.tiny import ARCHS, current_token_only, make_model, position_only, with_tokens
 
 PROMPTS = ["hello world", "class Garden: rose", "Start with 7. 7 plus 5", "héllo 😀 日本語 the lazy dog"]
-SMALL = dict(max_think=16, max_answer=20, max_draft=12)
+SMALL = dict(max_think=16, max_answer=20, max_draft=12, drafting="always")  # the drafts' machinery: forked as planned
 
 
 @functools.cache
@@ -181,7 +181,8 @@ def test_reasoning_lookup_with_holes_is_exact(arch, monkeypatch):
 
     monkeypatch.setattr(RowBatch, "keep", counting_keep)
     lm = model(arch)
-    cfg = RunConfig(max_think=48, max_answer=24, max_draft=30, draft_start=3, num_drafts=2, draft_interval=9)
+    cfg = RunConfig(max_think=48, max_answer=24, max_draft=30, draft_start=3, num_drafts=2, draft_interval=9,
+                    drafting="always")
     recovered = 0
     for prompt in PROMPTS:
         for spec in (1, 3, 8):

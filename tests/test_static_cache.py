@@ -325,7 +325,7 @@ def test_compiled_decoding_is_token_for_token_the_same_and_never_compiles_mid_ru
     lm = make_model("qwen3", seed=2, style="open", init_scale=3.0)
     lm._steps = CompiledSteps(lm.model, cuda_graphs=False, backend=counting)
     for settings in SETTINGS:
-        cfg = RunConfig(max_think=24, max_answer=30, max_draft=14, **settings)
+        cfg = RunConfig(max_think=24, max_answer=30, max_draft=14, drafting="always", **settings)
         for prompt in ("hello world", "class Garden: rose"):
             off = final(decode_baseline(lm, prompt, cfg.replace(compile="off")))
             for decode in (decode_baseline, decode_ssr):
