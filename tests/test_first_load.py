@@ -56,3 +56,24 @@ def test_a_load_with_the_probe_cached_runs_no_forward(tmp_path, monkeypatch):
     assert probed > 0, "the first load did not probe"
     load()
     assert len(forwards) == probed, "a load with its probe cached ran forwards"
+
+
+def test_the_studio_says_how_the_load_went_then_reads_the_probe_back_on_a_later_start(tmp_path, monkeypatch):
+    """Through the studio's run handler (what the page shows while a model loads): the first start
+    names the probe it measured; a later start (a new studio, the same cache) reads it back and
+    says so, with the date; neither warms the model up outside the run's own warm-up."""
+    from ssr_ui.handlers import Studio
+
+    monkeypatch.setenv("SSR_STUDIO_CACHE", str(tmp_path / "cache"))
+
+    def notes(db: str) -> list[str]:
+        frames = list(Studio("tiny-reasoner", db=str(tmp_path / db)).run("What is 2 plus 2?", "Baseline",
+                                                                            max_think=16, max_answer=8))
+        assert frames[-1].view.stats is not None and frames[-1].view.phase == "done"
+        return [f.metrics for f in frames if f.view.stats is None]
+
+    first = " ".join(notes("a.db"))
+    assert "loaded; capabilities measured in" in first and "(the probe)" in first
+    assert "warming up Baseline on tiny-reasoner" in first and "first forward" not in first
+    again = " ".join(notes("b.db"))
+    assert "loaded; capabilities from the probe cached on" in again and "measuring what SSR relies on" not in again
