@@ -194,3 +194,12 @@ def test_the_studio_drafts_by_cost_by_default_and_always_when_asked(tmp_path, mo
     assert forced.view.stats.drafts > 0 and not forced.view.stats.drafting
     assert [r["drafts"] > 0 for r in reversed(studio.log.runs(limit=3))] == [True, False, True]
     assert Studio("tiny-reasoner", db=str(tmp_path / "b.db"), drafting="always").config("").drafting == "always"
+
+
+def test_a_run_that_ends_before_the_draft_start_says_none_forked_and_measures_nothing(lm):
+    cfg = CFG.replace(max_think=200, draft_start=190)  # the bundled model's reasoning ends long before
+    stats = _run(lm, PROMPTS[0], cfg)
+    assert stats.drafts == 0 and stats.drafting.startswith("none forked: the reasoning ended before the draft start")
+    book = ledger(lm, cfg)
+    assert not book.runs and book.undrafted == 1
+    assert plan(book, cfg).why.startswith("as planned: no run with drafts on this model yet")

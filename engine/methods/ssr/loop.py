@@ -122,6 +122,9 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
         yield from answer_by_verification(state, budget)
     rec.stats.cache_mb = cache_mb(state.cache)
     rec.stats.flops = rec.stats.target_flops = 2.0 * lm.num_parameters * rec.stats.target_tokens
+    if decision is not None and planned and not state.drafts:  # the plan was moot: say what happened instead
+        rec.stats.drafting = (f"none forked: the reasoning ended before the draft start ({cfg.draft_start} "
+                              "tokens), so this run measured nothing about drafts")
     yield rec.phase("done")
     done = rec.done()
     if book is not None:  # what this run's drafts cost and saved (or that it had none), for the next run's plan
