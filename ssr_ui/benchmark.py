@@ -158,7 +158,7 @@ class BenchmarkRuns:
                       visitor=self.visitor(job.session))
         settings_used = {m: bench.config(m).to_dict() for m in bench.methods}  # the charts group runs by them
         total = bench.total(problems, int(repeat))
-        ticket = yield from self.in_line(job, lambda words: BenchFrame(progress_html(0, total, words)))
+        ticket = yield from self.in_line(job, lambda words: BenchFrame(progress_html(0, total, words)), lm, name)
         if not ticket.held:
             yield BenchFrame(progress_html(0, total, "stopped while in line for the model: nothing ran"))
             return

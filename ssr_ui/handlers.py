@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from engine.config import RunConfig, number
 from engine.methods.exit.budget import METHOD as EXIT
 from engine.methods.rsd.loop import check_pair
+from engine.methods.ssr.policy import kept_apart
 from engine.presets import provenance, recommended_settings, with_exit_probes
 from engine.registry import LOSSY, SSR_LOOP, decoder, not_on_a_server
 from engine.remote.client import BackendError
@@ -88,17 +89,25 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         self.jobs = Jobs()
         self.line = ModelLine()  # one job on the model at a time, the others in line (ssr_ui.waiting)
         self.public = public or Public()  # a shared studio's rules (ssr_ui.public); off: none
+        self._ledgers: dict[tuple, dict] = {}  # a shared studio's drafting ledgers, per (visitor, model) (in_line)
 
     def visitor(self, session: str | None) -> str | None:
         """Whose runs a browser or API session sees and logs (None: everyone's, public mode off)."""
         return self.public.visitor(session)
 
-    def in_line(self, job: Job, note) -> Iterator:
+    def in_line(self, job: Job, note, lm=None, model: str = "") -> Iterator:
         """Wait for the model in its line (``ssr_ui.waiting``), yielding ``note(status)`` meanwhile;
-        returns the ticket: held (the caller releases it), or not when the job was stopped in line."""
+        returns the ticket: held (the caller releases it), or not when the job was stopped in line.
+        On a shared studio, while the job holds ``lm`` (named ``model``), SSR's drafting ledger is
+        the visitor's own (``engine.methods.ssr.policy.kept_apart``): another visitor's runs neither
+        decide whether theirs draft nor appear in the numbers their strip gives."""
         ticket = Ticket()
         for words in self.line.wait(ticket, lambda: job.cancelled):
             yield note(words)
+        if ticket.held and self.public.on and isinstance(lm, LoadedModel):
+            apart = kept_apart(lm, self._ledgers.setdefault((self.visitor(job.session), model), {}))
+            apart.__enter__()
+            ticket.undo.append(lambda: apart.__exit__(None, None, None))
         return ticket
 
     def vet(self, model: str | None = None, draft_model: str | None = None, prm: str | None = None) -> None:
@@ -184,7 +193,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                                            f"the API) to a model with {model_name}'s tokenizer, and Process reward "
                                            "model to one that loads (or target-likelihood)"))
         runs = [name for name in runs if name not in skipped]
-        ticket = yield from self.in_line(job, Frame.note)
+        ticket = yield from self.in_line(job, Frame.note, lm, model_name)
         if not ticket.held:  # stopped while in line: it leaves the line, nothing ran, nothing is logged
             yield Frame.of(TraceView(phase="stopped"), html_note("stopped while in line for the model: nothing ran"))
             return
@@ -396,7 +405,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 yield html_note(f"loading {name}… {status}"), None
             lm = self.model(model_name)
             lm.require_markers()  # SSR on a model that does not reason: refused before the baseline runs
-            ticket = yield from self.in_line(job, lambda words: (html_note(words), None))
+            ticket = yield from self.in_line(job, lambda words: (html_note(words), None), lm, model_name)
             if not ticket.held:
                 yield html_note("sweep stopped while in line for the model: nothing ran"), None
                 return

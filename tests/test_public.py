@@ -239,3 +239,29 @@ def test_an_imported_trace_is_compared_with_the_importers_own_baselines_only(tmp
     own = studio.import_trace(str(path), a).metrics
     theirs = studio.import_trace(str(path), studio.visitor("b")).metrics
     assert "same as baseline" in own and "same as baseline" not in theirs
+
+
+def test_each_visitor_has_their_own_drafting_ledger(tmp_path, monkeypatch):
+    """SSR's cost-aware drafting learns per visitor on a shared studio: a's runs neither decide
+    whether b's run drafts nor appear in the numbers b's strip gives; with public mode off the
+    model keeps one ledger, as before."""
+    from engine.methods.ssr import policy
+
+    planned = []
+    plan = policy.plan
+    monkeypatch.setattr("engine.methods.ssr.loop.plan", lambda book, cfg: planned.append(len(book.runs)) or plan(book, cfg))
+    studio = _studio(tmp_path, public=True)
+    studio.drafting = "auto"
+    for _ in range(2):
+        _run(studio, "session-a", "alpha's prompt", "SSR")
+    _run(studio, "session-b", "bravo's prompt", "SSR")
+    assert planned == [0, 1, 0], "b's run saw a's ledger"
+    last = studio.history(visitor=studio.visitor("session-b"))[0]
+    assert last["drafting"].startswith("as planned: no run with drafts on this model yet")
+    assert not hasattr(studio.model("tiny"), "_draft_ledgers"), "a visitor's ledger was left on the shared model"
+    (tmp_path / "off").mkdir()
+    shared = _studio(tmp_path / "off", public=False)
+    shared.drafting = "auto"
+    for session in ("session-a", "session-b"):
+        _run(shared, session, "a prompt", "SSR")
+    assert planned[-2:] == [0, 1], "public mode off: one ledger per model, whoever ran"

@@ -9,7 +9,7 @@ known before the run: SSR learns them on the model, as transformers' assisted ge
 its draft-length schedule on the assistant model between calls.
 
 The :class:`Ledger` (one per loaded model and numerics route, kept on the model object across its
-runs, as the capability probe's results are) holds the last :data:`WINDOW` SSR runs that drafted:
+runs, as the capability probe's results are; a shared studio keeps one per visitor: :func:`kept_apart`) holds the last :data:`WINDOW` SSR runs that drafted:
 what their drafts cost and saved, in seconds. Before a run, :func:`plan` decides (``drafting``
 ``"auto"``):
 
@@ -27,6 +27,8 @@ only the time.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from engine.config import RunConfig
@@ -68,6 +70,23 @@ def ledger(lm, cfg: RunConfig) -> Ledger:
     what a row costs)."""
     ledgers = lm.__dict__.setdefault("_draft_ledgers", {})
     return ledgers.setdefault((cfg.exact_mode, cfg.compile), Ledger())
+
+
+@contextmanager
+def kept_apart(lm, ledgers: dict) -> Iterator[None]:
+    """Runs of ``lm`` inside read and write ``ledgers`` (route -> :class:`Ledger`) instead of the
+    model's own: a shared studio keeps one set per visitor, so no visitor's runs decide, or show up
+    in the numbers of, another's. The caller holds the model for the whole block (no other run of
+    ``lm`` may interleave)."""
+    saved = lm.__dict__.get("_draft_ledgers")
+    lm._draft_ledgers = ledgers
+    try:
+        yield
+    finally:
+        if saved is None:
+            del lm._draft_ledgers
+        else:
+            lm._draft_ledgers = saved
 
 
 def plan(book: Ledger, cfg: RunConfig) -> DraftPlan:
