@@ -9,8 +9,9 @@ known before the run: SSR learns them on the model, as transformers' assisted ge
 its draft-length schedule on the assistant model between calls.
 
 The :class:`Ledger` (one per loaded model and numerics route, kept on the model object across its
-runs, as the capability probe's results are; a shared studio keeps one per visitor: :func:`kept_apart`) holds the last :data:`WINDOW` SSR runs that drafted:
-what their drafts cost and saved, in seconds. Before a run, :func:`plan` decides (``drafting``
+runs, as the capability probe's results are; a shared studio keeps one per visitor:
+:func:`kept_apart`) holds the last :data:`WINDOW` SSR runs that drafted: what their drafts cost
+and saved, in seconds. Before a run, :func:`plan` decides (``drafting``
 ``"auto"``):
 
 * no run with drafts on this model yet: fork as planned (this run measures);
