@@ -91,6 +91,9 @@ class RunStats:
     compile_s: float = 0.0  # seconds compiling step shapes before the run started (never part of wall_s)
     step_mode: str = ""  # "compiled", "eager: <why not compiled>" (engine.runtime.compiled), or exact mode's route
     verify: str = ""  # SSR: how its verifies ran on this model, as the capability probe measured (engine.runtime.probe)
+    # SSR with drafts: "shared prefix" (the drafts read the main row's slots: engine.runtime.batch's shared forks), or
+    # "copied prefix: <why not shared>" (each draft holds a copy); "" when no draft was planned
+    forks: str = ""
     # SSR: mean seconds per reasoning step with no draft live / with drafts riding in the batch
     step_s_alone: float | None = None
     step_s_drafting: float | None = None

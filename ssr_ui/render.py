@@ -531,6 +531,9 @@ TERMS = {
     "drafting": "SSR's cost-aware drafting (Drafting: auto): it forks its drafts only where, in this model's recent "
                 "runs, they saved more time than they cost riding in the reasoning's batch; otherwise it runs on its "
                 "lookups alone and re-measures every few runs",
+    "forks": "how the drafts held the reasoning they forked from: shared prefix (they read the main row's cache, "
+             "holding only their own tokens), or a copy of it each (the reason is given: a sliding window, "
+             "recurrent states, compiled steps, ...)",
     "verify": "where SSR's verifies ran: in the model's own steps, on a speculating server, or as client-side "
               "verify requests",
 }
@@ -607,6 +610,8 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         items.append(("drafts' own", f"{n} forward{'s' if n != 1 else ''} no lookup would have saved"))
     if view.stats and view.stats.drafting:
         items.append(("drafting", html.escape(view.stats.drafting)))
+    if view.stats and view.stats.drafts and view.stats.forks:
+        items.append(("forks", html.escape(view.stats.forks)))
     if compare is not None and not compare.get("baselines"):
         left = _left_out(compare.get("pool") or {})
         items.append(("vs baseline", "no baseline run with these settings yet: run Baseline with them" if not left

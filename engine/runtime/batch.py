@@ -31,6 +31,17 @@ class RowBatch:
     states are not (``CacheLayout.holes_ok``): with those, several rows must keep equal counts;
     a lone row may still keep fewer than it fed (it is rolled back: a crop, or a re-read).
 
+    **Shared forks** (``shared=True``: the run's cache made with one row, see :func:`shares_prefix`):
+    the rows share the cache's one buffer row instead of each holding a copy of the prefix. A fork
+    copies nothing (the new row sees what row 0 sees); a forward over ``R`` rows of ``K`` tokens
+    appends ``R * K`` slots, row 0's tokens then row 1's, and each row's mask shows it its own;
+    a row that leaves takes its slots with it (compacted away). So the cache holds the prefix once
+    plus each row's own tokens, and every row reads the one buffer (a broadcast view, nothing
+    copied per step). :attr:`valid` is then the map of which row sees which slot. Attention over
+    the prefix and a row's own tokens is one softmax over the slots its mask shows: the merge is
+    exact by construction. A lone row left holds exactly its own slots, in position order: the
+    cache plain decoding holds.
+
     Longrope (``engine.runtime.rope``): the forward where row 0 first passes the switch point
     re-encodes every row's whole history with its feed, from an empty cache, as plain decoding
     re-encodes its one sequence there; before it, :meth:`limits` says how far each row may be fed
@@ -46,8 +57,11 @@ class RowBatch:
         batch.select([0])                         # row 0 alone: its holes are compacted away
     """
 
-    def __init__(self, lm: LoadedModel, cache, length: int, ids: list[int] | None = None) -> None:
+    def __init__(self, lm: LoadedModel, cache, length: int, ids: list[int] | None = None, shared: bool = False) -> None:
         self.lm, self.cache, self.device = lm, cache, lm.device
+        self.shared = shared  # rows share one buffer row (the class docstring's shared forks)
+        if shared:
+            cache.share_rows()
         self.length = length  # slots in the cache, holes included
         self.valid: torch.Tensor | None = None  # [rows, length] visible slots; None: no holes anywhere
         self.positions = [length]  # per row: tokens it holds (its next position)
@@ -63,8 +77,11 @@ class RowBatch:
         return len(self.positions)
 
     def fork(self) -> None:
-        """Append a copy of row 0: its slots, its holes, its position."""
-        take_rows(self.cache, [*range(self.rows), 0])
+        """Append a copy of row 0: its slots, its holes, its position (shared: a view of them)."""
+        if self.shared:
+            self.valid = self._visible()
+        else:
+            take_rows(self.cache, [*range(self.rows), 0])
         if self.valid is not None:
             self.valid = torch.cat([self.valid, self.valid[:1]])  # [rows + 1, length]
         self.positions.append(self.positions[0])
@@ -87,6 +104,8 @@ class RowBatch:
         if self.lm.rope.crosses(self.positions[0], self.positions[0] + len(feeds[0])):
             return self._reencode(feeds, width)
         self._ckpt = checkpoint(self.cache, self.length) if self.lm.layout.recurrent and width > 1 else None
+        if self.shared and self.rows > 1:
+            return self._shared_forward(feeds, width)
         mask = None
         if self.valid is not None:
             mask = torch.cat([self.valid, torch.ones(len(feeds), width, dtype=torch.bool)], dim=1).long()  # [rows, length + K]
@@ -94,6 +113,42 @@ class RowBatch:
         self.last_tokens = self.rows * width
         return self.lm.forward(_padded(feeds, width, self.device), self.cache, self.length,
                                positions=_feed_positions(self.positions, feeds, width, self.device), attention_mask=mask)
+
+    def _shared_forward(self, feeds: list[list[int]], width: int) -> torch.Tensor:
+        """Shared forks: the rows' feeds take ``rows * width`` new slots, row after row; row ``r``'s
+        queries see the slots :attr:`valid` gives it, then its own new slots causally (a 4-D mask
+        ``[rows, 1, width, length + rows * width]``, additive, as every attention function takes)."""
+        rows = self.rows
+        self._make_room(rows * width)
+        own = torch.zeros(rows, width, rows, width, dtype=torch.bool)
+        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        for r in range(rows):
+            own[r, :, r] = causal
+        seen = torch.cat([self._visible()[:, None].expand(rows, width, self.length), own.flatten(2)], dim=2)
+        mask = torch.zeros(seen.shape, dtype=self.lm.model.dtype).masked_fill_(~seen, torch.finfo(self.lm.model.dtype).min)
+        self.last_tokens = rows * width
+        return self.lm.forward(_padded(feeds, width, self.device), self.cache, self.length,
+                               positions=_feed_positions(self.positions, feeds, width, self.device),
+                               attention_mask=mask[:, None].to(self.device))
+
+    def _visible(self) -> torch.Tensor:
+        """:attr:`valid`, or every slot visible to every row where no row has a hole."""
+        return self.valid if self.valid is not None else torch.ones(self.rows, self.length, dtype=torch.bool)
+
+    def _make_room(self, slots: int) -> None:
+        """Shared forks: before a forward that appends ``slots`` beyond the cache's capacity, the
+        slots no row sees any more (rejected, padding) are compacted away."""
+        capacity = getattr(self.cache, "capacity", None)
+        if capacity is not None and self.length + slots > capacity and self.valid is not None:
+            self._compact(self.valid.any(0))
+
+    def _compact(self, live: torch.Tensor) -> None:
+        """Shared forks: keep only the slots ``live`` (``[length]`` bool), in order."""
+        if bool(live.all()):
+            return
+        slots = live.nonzero().flatten()
+        compact(self.cache, slots.to(self.device))
+        self.length, self.valid = len(slots), self.valid[:, live]
 
     def _reencode(self, feeds: list[list[int]], width: int) -> torch.Tensor:
         """Row 0's first forward past longrope's switch point: every row's history, then its feed,
@@ -121,6 +176,9 @@ class RowBatch:
     def keep(self, kept: list[int]) -> None:
         """Row ``r`` keeps the first ``kept[r]`` slots it was just fed; the rest become its holes.
         Slots no row kept are rolled back off the end."""
+        if self.shared and self.rows > 1:
+            self._keep_shared(kept)
+            return
         top = max(kept)
         if self._ckpt is not None:  # recurrent states: only a lone row feeds several tokens (no holes)
             assert len(kept) == 1, "rows with recurrent states cannot hold holes"
@@ -137,18 +195,68 @@ class RowBatch:
             for row, fed, k in zip(self.ids, self._fed, kept, strict=True):
                 row.extend(fed[:k])
 
+    def _keep_shared(self, kept: list[int]) -> None:
+        """Shared forks: row ``r`` keeps the first ``kept[r]`` of its ``width`` new slots, seen by it
+        alone; the slots past the last one kept are rolled back off the end."""
+        rows, width = self.rows, max(len(f) for f in self._fed)
+        new = torch.zeros(rows, rows, width, dtype=torch.bool)
+        for r, k in enumerate(kept):
+            new[r, r, :k] = True
+        new = new.flatten(1)  # [rows, rows * width]
+        used = new.any(0).nonzero()
+        top = int(used.max()) + 1 if len(used) else 0
+        crop(self.cache, self.length + top)
+        self.valid = torch.cat([self._visible(), new[:, :top]], dim=1)  # [rows, length + top]
+        self.length += top
+        self.positions = [p + k for p, k in zip(self.positions, kept, strict=True)]
+        if self.ids is not None:
+            for row, fed, k in zip(self.ids, self._fed, kept, strict=True):
+                row.extend(fed[:k])
+
     def select(self, keep: list[int]) -> None:
-        """Keep these rows, in this order; a lone row left sheds its holes."""
-        take_rows(self.cache, keep)
+        """Keep these rows, in this order; a lone row left sheds its holes (shared: the slots no
+        row left sees go, so a row that leaves takes its own slots with it)."""
+        if not self.shared:
+            take_rows(self.cache, keep)
         self.positions = [self.positions[i] for i in keep]
         if self.ids is not None:
             self.ids = [self.ids[i] for i in keep]
+        if self.shared and self.valid is not None:
+            self.valid = self.valid[keep]
+            self._compact(self.valid.any(0))
+            if len(keep) == 1:
+                self.valid = None  # a lone row sees every slot left
+            return
         if self.valid is not None:
             self.valid = self.valid[keep]  # [len(keep), length]
             if len(keep) == 1:
                 slots = self.valid[0].nonzero().flatten()  # [positions[0]]
                 compact(self.cache, slots.to(self.device))
                 self.length, self.valid = len(slots), None
+
+
+MASKED_ATTENTION = ("sdpa", "eager")  # attention functions that take a 4-D mask as it is (shared forks need one)
+
+
+def unshared(lm: LoadedModel) -> str | None:
+    """Why this run's rows cannot share the prefix (:class:`RowBatch`'s shared forks) on ``lm``, in
+    words; None where they can. Shared forks need a slot to be one position of one row, masks that
+    hide slots (the capability probe's holes and shared-forks checks), k-token forwards, eager steps
+    on a cache of slots, and an attention function that takes the 4-D mask as given."""
+    impl = getattr(lm.model.config, "_attn_implementation", None)
+    reasons = (
+        (not lm.share_forks, "shared forks turned off (LoadedModel.share_forks)"),
+        (lm.layout.sliding, "its sliding-window layers window slots, not one row's positions"),
+        (lm.layout.recurrent, "its recurrent states are one per row"),
+        (lm.holes_unsafe, "its mask does not hide slots (the capability probe's holes check)"),
+        (lm.shared_unsafe, "rows sharing the cache did not decode as copies do (the capability probe's shared-forks check)"),
+        (lm.one_token_steps, "its multi-token forwards run one token at a time"),
+        (lm.exact == "fixed", "exact mode's fixed route keeps a slot range per row"),
+        (lm.compiled is not None, "compiled steps keep a slot range per row"),
+        (lm.rope.reprefills, "longrope re-encodes every row at its switch point"),
+        (impl not in MASKED_ATTENTION and lm.exact != "rows", f"its attention ({impl}) takes no 4-D mask as given"),
+    )
+    return next((why for cond, why in reasons if cond), None)
 
 
 def _padded(rows: list[list[int]], width: int, device) -> torch.Tensor:

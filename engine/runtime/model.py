@@ -127,6 +127,8 @@ class LoadedModel:
         # cached state are wrong, so they run as one-token forwards
         self.one_token_steps = False
         self.holes_unsafe = False  # set by the probe too: this model's mask does not hide holes, so rows hold none
+        self.shared_unsafe = False  # set by the probe too: rows sharing one buffer row do not decode as copies do
+        self.share_forks = True  # an operator's switch (the scaling benchmark's "copied" arm): False, every draft copies
         self._exact_checks: dict[tuple, Invariance] = {}  # exact mode's self-check, per (route, compiled), once measured
         self.max_cache_bytes: int | None = None  # an operator's bound on one cache (None: what is available)
         self.slot_bytes: float | None = None  # KV bytes per slot per row, as measured on a cache of this model

@@ -23,6 +23,10 @@ its config names (a sliding window, a chunk size, an indexer's top-k):
   ALiBi or relative positions by slot, not by the positions passed: MPT, RoFormer, TrOCR's
   decoder), the model's rows hold none (``LoadedModel.holes_unsafe``: SSR feeds one token per row
   per step while drafts ride, as on a sliding-window model), and nothing is refused for it.
+* **shared forks** (where the holes hold and the model could take them, ``engine.runtime.batch.unshared``):
+  the fork and holes checks again with the rows sharing one buffer row (``RowBatch``'s shared
+  forks: a 4-D mask over every row's slots). If not, each draft holds a copy of the prefix
+  (``LoadedModel.shared_unsafe``), and nothing is refused for it.
 
 A check passes when the largest logit difference is within ``sqrt(eps)`` of the logits' scale for
 the model's dtype (float32's at the finest): rounding grows with ``eps``, a lost state with the
@@ -61,7 +65,7 @@ from pathlib import Path
 
 import torch
 
-from engine.runtime.batch import RowBatch
+from engine.runtime.batch import RowBatch, unshared
 from engine.runtime.cache import checkpoint, layout, threshold_length, tolerance, unknown_layer_kinds
 from engine.runtime.gguf import Progress, cache_dir
 from engine.runtime.model import LoadedModel, SSRUnsupportedError
@@ -130,9 +134,9 @@ class Capabilities:
         """The failed checks a method depends on. Plain decoding (``rollbacks`` false) needs
         one-token decoding and, where the probe chose them, one-token steps; SSR and RSD, which
         roll rows back and fork them, need every check but the ones a route answers (multi-token:
-        one token per step; holes: rows hold none)."""
+        one token per step; holes: rows hold none; shared forks: each draft copies the prefix)."""
         plain = ("one-token decoding", "one-token steps")
-        routed = ("multi-token", "holes")
+        routed = ("multi-token", "holes", "shared forks")
         return [c for c in self.checks if not c.ok and c.name not in routed and (rollbacks or c.name in plain)]
 
     def refusal(self, method: str, model_id: str, rollbacks: bool = True) -> str | None:
@@ -181,7 +185,7 @@ def capabilities(lm: LoadedModel, progress: Progress | None = None) -> Capabilit
     return caps
 
 
-CACHE_FORMAT = 1  # the cached record's layout; a change makes every old record another identity's
+CACHE_FORMAT = 2  # the cached record's layout; a change makes every old record another identity's
 
 
 @functools.lru_cache(maxsize=1)
@@ -226,15 +230,17 @@ def _read(lm: LoadedModel, path: Path, identity: dict) -> Capabilities | None:
         checks = tuple(Check(**c) for c in saved.pop("checks"))
         caps = Capabilities(checks=checks, **saved, cached=str(record["measured"]))
         own = _cache_class(record["cache_class"])
-        holes_unsafe, slot_bytes = record["holes_unsafe"], record["slot_bytes"]
+        holes_unsafe, shared_unsafe, slot_bytes = record["holes_unsafe"], record["shared_unsafe"], record["slot_bytes"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError):
         return None
-    typed = (isinstance(caps.one_token_steps, bool) and isinstance(holes_unsafe, bool) and isinstance(caps.tokens, int)
+    typed = (isinstance(caps.one_token_steps, bool) and isinstance(holes_unsafe, bool) and isinstance(shared_unsafe, bool)
+             and isinstance(caps.tokens, int)
              and all(isinstance(c.ok, bool) for c in checks) and isinstance(slot_bytes, (float, int, type(None))))
     if not typed or own is False:
         return None
     lm._cache_plan = own, layout(lm.model.config, own)
-    lm.one_token_steps, lm.holes_unsafe, lm.slot_bytes = caps.one_token_steps, holes_unsafe, slot_bytes
+    lm.one_token_steps, lm.holes_unsafe, lm.shared_unsafe = caps.one_token_steps, holes_unsafe, shared_unsafe
+    lm.slot_bytes = slot_bytes
     return caps
 
 
@@ -256,7 +262,7 @@ def _write(lm: LoadedModel, path: Path, identity: dict, caps: Capabilities) -> N
     saved = asdict(caps)
     del saved["cached"]
     record = {"identity": identity, "measured": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-              "capabilities": saved, "holes_unsafe": lm.holes_unsafe, "slot_bytes": lm.slot_bytes,
+              "capabilities": saved, "holes_unsafe": lm.holes_unsafe, "shared_unsafe": lm.shared_unsafe, "slot_bytes": lm.slot_bytes,
               "cache_class": None if own is None else f"{own.__module__}:{own.__qualname__}"}
     tmp = None
     try:
@@ -284,7 +290,7 @@ def _measure(lm: LoadedModel) -> Capabilities:
 
 def _checks(lm: LoadedModel) -> Capabilities:
     t0 = time.perf_counter()
-    lm.one_token_steps = lm.holes_unsafe = False
+    lm.one_token_steps = lm.holes_unsafe = lm.shared_unsafe = False
     length = probe_length(lm.model.config, lm.context_length)
     if lm.rope.kind:  # stay below a RoPE switch point: past it a wide forward is not the reference's either
         length = max(1, min(length, lm.rope.switch - TAIL))
@@ -323,6 +329,10 @@ def _checks(lm: LoadedModel) -> Capabilities:
     if lm.layout.holes_ok:
         checks.append(measured("holes", lambda: _holes(lm, prefix, true, junk, ref)))
         lm.holes_unsafe = not checks[-1].ok  # the route every later run takes: rows hold no holes
+        if not lm.holes_unsafe and unshared(lm) is None:
+            checks.append(measured("shared forks", lambda: max(_fork(lm, prefix, true, junk, ref, shared=True),
+                                                               _holes(lm, prefix, true, junk, ref, shared=True))))
+            lm.shared_unsafe = not checks[-1].ok  # the route every later run takes: each draft copies the prefix
     return Capabilities(tuple(checks), lm.one_token_steps, length, tol, time.perf_counter() - t0)
 
 
@@ -391,9 +401,10 @@ def _rollback(lm, prefix, true, junk, ref) -> float:
     return max(first, _diff(lm.step_logits(true[2:], cache, n + 2), ref[2:STEPS]))
 
 
-def _fork(lm, prefix, true, junk, ref) -> float:
-    """Row 0 forked; both rows fed the true token, then row 1 something else; row 0 alone after."""
-    batch = RowBatch(lm, _prefilled(lm, prefix), len(prefix))
+def _fork(lm, prefix, true, junk, ref, shared: bool = False) -> float:
+    """Row 0 forked; both rows fed the true token, then row 1 something else; row 0 alone after
+    (``shared``: the rows share one buffer row, ``RowBatch``'s shared forks)."""
+    batch = RowBatch(lm, _prefilled(lm, prefix), len(prefix), shared=shared)
     batch.fork()
     out = [batch.forward([[true[0]], [true[0]]])[:, 0]]
     batch.keep([1, 1])
@@ -405,9 +416,9 @@ def _fork(lm, prefix, true, junk, ref) -> float:
     return max(diffs)
 
 
-def _holes(lm, prefix, true, junk, ref) -> float:
+def _holes(lm, prefix, true, junk, ref, shared: bool = False) -> float:
     """Row 1 keeps three tokens where row 0 keeps one (two holes in row 0), then row 0 alone."""
-    batch = RowBatch(lm, _prefilled(lm, prefix), len(prefix))
+    batch = RowBatch(lm, _prefilled(lm, prefix), len(prefix), shared=shared)
     batch.fork()
     diffs = [_diff(batch.forward([[true[0]], [true[0], junk[0], junk[1]]])[0, 0], ref[0])]
     batch.keep([1, 3])

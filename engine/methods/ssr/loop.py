@@ -55,7 +55,7 @@ from engine.methods.ssr.policy import ledger, plan
 from engine.methods.ssr.proposers import Draft, DraftPrefixProposer, Proposal, Proposer, SuffixProposer
 from engine.methods.ssr.rows import Row, RowStep
 from engine.methods.ssr.suffix_index import SuffixIndex
-from engine.runtime.batch import RowBatch
+from engine.runtime.batch import RowBatch, unshared
 from engine.runtime.cache import cache_mb
 from engine.runtime.probe import require
 
@@ -98,25 +98,36 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
     lm.rope.check_speculation(len(prompt_ids) + new_tokens, lm.model_id, lm.layout.recurrent)  # past a RoPE switch
     caps = require(lm, "SSR")  # measured on this model once: refused here, never a crash or divergence mid-run
     lm.begin_run(cfg.exact_mode, cfg.compile)
-    capacity = len(prompt_ids) + new_tokens + max(cfg.max_spec, cfg.think_spec) + 1  # room for a verify past the end
+    past_end = max(cfg.max_spec, cfg.think_spec) + 1  # room for a verify past the end
+    capacity = len(prompt_ids) + new_tokens + past_end
+    # the drafts read the main row's prefix from one buffer row where the model allows (engine.runtime.batch,
+    # shared forks); else each holds a copy of it
+    copied = unshared(lm) if planned else None
+    shared = bool(planned) and copied is None
+    if shared:  # (slots, rows): one row, holding the main row's budgets and the drafts live at once
+        main_slots = len(prompt_ids) + len(markers.close_ids) + cfg.max_think + cfg.max_answer + past_end
+        cache_size = main_slots + shared_slots(cfg, planned, len(markers.close_ids) + len(markers.tail_ids)), 1
+    else:  # every row holds the longest row's slots: the main row's, or the last draft's
+        cache_size = capacity, 1 + planned
     rec = Recorder(lm.tokenizer, method, len(prompt_ids), lm.device)
     # before the clock starts: every shape (rows x width) the run can meet
     yield from rec.compiling(lm.prepare_steps(capacity, 1 + planned,
                                               max(cfg.think_spec, len(markers.close_ids)) + 1))
     rec.start_clock(lm.step_mode)
     rec.stats.verify = caps.verify
+    rec.stats.forks = "" if not planned else "shared prefix" if shared else f"copied prefix: {copied}"
     rec.stats.drafting = decision.why if decision is not None else ""
     index = SuffixIndex(cfg.min_match)
     index.extend("prompt", prompt_ids)
     state = _State(lm, cfg, rec, index, Chooser(cfg.temperature, cfg.top_p, cfg.seed),
-                   Chooser(cfg.temperature, cfg.top_p, cfg.seed + 1), capacity, planned)
+                   Chooser(cfg.temperature, cfg.top_p, cfg.seed + 1), cache_size, planned)
     budget = budget_class(markers, cfg, state)
     yield rec.phase("prefill")
     if len(prompt_ids) > 1:  # the last prompt token is the main row's first input in phase A
         t0 = rec.now()
         lm.step_logits(prompt_ids[:-1], state.cache, 0)
         yield rec.forward(t0, [RowWork("main", len(prompt_ids) - 1)], tokens=len(prompt_ids) - 1)
-    state.batch = RowBatch(lm, state.cache, len(prompt_ids) - 1, prompt_ids[:-1])
+    state.batch = RowBatch(lm, state.cache, len(prompt_ids) - 1, prompt_ids[:-1], shared=shared)
     yield from _reason_and_draft(state, budget, prompt_ids[-1])
     if not state.ended:
         yield from answer_by_verification(state, budget)
@@ -161,12 +172,12 @@ class SSRState(Protocol):
 class _State:
     """What the two phases share: the model, one cache and its rows, the drafts, the choosers."""
 
-    def __init__(self, lm, cfg, rec, index, main, drafter, capacity: int, planned: int) -> None:
+    def __init__(self, lm, cfg, rec, index, main, drafter, capacity: tuple[int, int], planned: int) -> None:
         self.lm, self.cfg, self.rec, self.index = lm, cfg, rec, index
         self.eos_ids = lm.eos_ids
         self.main, self.drafter = main, drafter
         self.planned = planned  # the drafts this run forks (0: lookups alone)
-        self.cache = lm.new_cache(capacity, rows=1 + planned)
+        self.cache = lm.new_cache(*capacity)
         self.batch: RowBatch | None = None  # the cache's rows: the main row, then the live drafts (phase A)
         self.drafts: list[Draft] = []
         self.unfed: list[int] = []  # main-row tokens chosen but not yet in the cache
@@ -317,6 +328,23 @@ def _draft_takes(s: _State, row: Row, step: RowStep, budget: SSRBudget) -> Itera
         if d.finished:
             break
     row.unfed = [] if d.finished else step.tokens[-1:]
+
+
+def shared_slots(cfg: RunConfig, planned: int, opening: int) -> int:
+    """The slots a run's drafts add to a shared cache (``engine.runtime.batch``, shared forks) at
+    most at once: a draft holds its opening (the main row's pending token, the marker and the
+    template tail: ``opening + 1``), its answer and a lookup behind it, and lives at most one step
+    per token it writes, in which the main row takes up to ``1 + think_spec`` tokens; so only the
+    drafts forked within one lifetime of each other are live together. Padding and rejected
+    slots no row sees are compacted away when room runs out (``RowBatch``), and a fork's padding
+    (every row padded to the new draft's opening) is room kept for them."""
+    if not planned:
+        return 0
+    per_draft = opening + 1 + cfg.max_draft + cfg.think_spec
+    life = (cfg.max_draft + opening + 1) * (1 + cfg.think_spec)  # reasoning tokens a draft can live through
+    forks = [fork_point(cfg, d) for d in range(planned)]
+    live = max(sum(1 for g in forks if f <= g < f + life) for f in forks)
+    return live * per_draft + (1 + live) * (opening + 1 + cfg.think_spec)
 
 
 def fork_point(cfg: RunConfig, drafts_so_far: int) -> int:

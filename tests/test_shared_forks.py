@@ -1,0 +1,150 @@
+"""Shared forks (long reasoning): SSR's drafts read the main row's prefix from one buffer row
+instead of each holding a copy of it (``engine.runtime.batch``), where the model allows; elsewhere
+they copy it, and the run says which path it took and why.
+
+Greedy SSR must equal plain decoding token for token through both paths, on every family the
+tests build that can take shared forks and on ones that cannot, at contexts of hundreds of
+tokens; the cache must hold the prefix once; a shared cache that runs out of room compacts the
+slots no row sees rather than growing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from engine.config import RunConfig
+from engine.methods.baseline import decode_baseline
+from engine.methods.ssr.loop import decode_ssr
+from engine.runtime.batch import RowBatch, unshared
+from engine.runtime.probe import capabilities
+from tests.families import RECURRENT, SCALED_ROPE, SLIDING, family_model
+from tests.tiny import ARCHS, make_model, with_tokens
+
+# four drafts spread over a long reasoning, with reasoning lookups (holes in every row) in the second
+LONG = dict(max_think=240, max_answer=24, max_draft=30, drafting="always", num_drafts=4, draft_start=10,
+            draft_interval=50)
+SETTINGS = {"one-token": {}, "reasoning-lookups": dict(think_spec=3, min_match=1)}
+SHARED_FAMILIES = ("qwen3-moe", "deepseek-v3", "glm4-moe", "gpt2")  # experts, latent attention, Conv1D
+PROMPT = "class Garden: rose"
+
+
+def _final(events):
+    return list(events)[-1]
+
+
+@functools.cache
+def _tiny(arch: str):
+    return make_model(arch, init_scale=3.0)
+
+
+def _thinking(lm, cfg: RunConfig):
+    """``lm`` with an end of sequence and an end-of-thinking marker its greedy reasoning never
+    picks before the budget (tried from the vocabulary's end), so a random model reasons at length."""
+    vocab = lm.model.get_output_embeddings().weight.shape[0]
+    for eos in range(vocab - 1, vocab - 40, -2):
+        steered = with_tokens(lm, eos=eos, close=eos - 1)
+        if _final(decode_baseline(steered, PROMPT, cfg)).stats.reasoning_tokens == cfg.max_think:
+            return steered
+    raise AssertionError("no token pair kept this model reasoning to the budget")
+
+
+def _same(lm, cfg: RunConfig, way: str):
+    lm.share_forks = way == "shared"
+    try:
+        base = _final(decode_baseline(lm, PROMPT, cfg))
+        ssr = _final(decode_ssr(lm, PROMPT, cfg))
+    finally:
+        lm.share_forks = True
+    assert ssr.reasoning_ids == base.reasoning_ids, "reasoning differs from baseline"
+    assert ssr.answer_ids == base.answer_ids, "answer differs from baseline"
+    assert ssr.stats.drafts >= 2, "the drafts this test is about never forked"
+    return ssr, base
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("way", ["shared", "copied"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_ssr_equals_baseline_through_shared_and_copied_forks(arch, way, setting):
+    lm = _tiny(arch)
+    ssr, _ = _same(lm, RunConfig(**LONG, **SETTINGS[setting]), way)
+    assert ssr.stats.reasoning_tokens >= 100, "a context long enough to matter"
+    if way == "shared":
+        assert ssr.stats.forks == "shared prefix"
+    else:
+        assert ssr.stats.forks == "copied prefix: shared forks turned off (LoadedModel.share_forks)"
+
+
+@pytest.mark.parametrize("name", SHARED_FAMILIES)
+def test_families_that_can_share_do_and_stay_exact(name):
+    cfg = RunConfig(**{**LONG, "max_think": 90, "max_answer": 16, "draft_interval": 20})
+    lm = _thinking(family_model(name), cfg)
+    assert unshared(lm) is None and capabilities(lm).check("shared forks").ok
+    ssr, _ = _same(lm, cfg, "shared")
+    assert ssr.stats.forks == "shared prefix"
+
+
+@pytest.mark.parametrize("name, why", [(SLIDING[0], "sliding-window"), (SLIDING[2], "sliding-window"),
+                                       (RECURRENT[2], "recurrent states"), (SCALED_ROPE[0], "longrope")])
+def test_families_that_cannot_share_copy_and_say_why(name, why):
+    cfg = RunConfig(**{**LONG, "max_think": 80, "draft_interval": 20, "max_draft": 12})
+    lm = _thinking(family_model(name), cfg)
+    ssr, _ = _same(lm, cfg, "shared")
+    assert ssr.stats.forks.startswith("copied prefix: ") and why in ssr.stats.forks, ssr.stats.forks
+    assert capabilities(lm).check("shared forks") is None  # not probed where the layout rules it out
+
+
+def test_the_cache_holds_the_prefix_once():
+    """Four drafts spread over 440 reasoning tokens: the shared cache is the main row's budgets
+    plus one live draft's slots (at most 1.3x baseline's); copies hold the prefix in every row."""
+    cfg = RunConfig(max_think=440, max_answer=16, max_draft=30, drafting="always", num_drafts=4, draft_start=40,
+                    draft_interval=100)
+    lm = _thinking(_tiny("llama"), cfg)
+    shared, base = _same(lm, cfg, "shared")
+    copied, _ = _same(lm, cfg, "copied")
+    assert shared.stats.cache_mb <= 1.3 * base.stats.cache_mb, (shared.stats.cache_mb, base.stats.cache_mb)
+    assert copied.stats.cache_mb >= 4.5 * base.stats.cache_mb
+
+
+def test_a_shared_cache_out_of_room_compacts_what_no_row_sees():
+    """Rows that keep one of three fed slots leave two dead slots a step; at the cache's capacity
+    they are compacted away (the buffers never grow) and every logit stays the reference's."""
+    lm = _tiny("llama")
+    prefix = list(range(5, 25))
+    tokens = list(range(30, 60))
+    alone = lm.new_cache(len(prefix) + len(tokens))
+    lm.step_logits(prefix, alone, 0)
+    want = lm.step_logits(tokens, alone, len(prefix))  # [len(tokens), V]: the main row's reference
+    cache = lm.new_cache(len(prefix) + 32)  # room for 32 slots past the prefix: the steps feed 72, keep 24
+    lm.step_logits(prefix, cache, 0)
+    batch = RowBatch(lm, cache, len(prefix), shared=True)
+    batch.fork()
+    capacity = [layer.capacity for layer in cache.slot_layers]
+    for i, tok in enumerate(tokens[:12]):
+        logits = batch.forward([[tok, 1, 2], [tok + 40, 3, 4]])  # [2, 3, V]
+        assert torch.allclose(logits[0, 0], want[i], atol=1e-9), f"step {i}"
+        batch.keep([1, 1])
+    assert [layer.capacity for layer in cache.slot_layers] == capacity, "the buffers grew"
+    assert batch.length <= len(prefix) + 32
+    batch.select([0])
+    assert batch.length == len(prefix) + 12  # the main row's own slots, in order
+    assert torch.allclose(batch.forward([[tokens[12]]])[0, 0], want[12], atol=1e-9)
+
+
+def test_the_strip_and_the_log_say_which_path_the_forks_took(tmp_path):
+    from engine.runlog import RunLog, RunMeta
+    from ssr_ui.export import logged_view
+    from ssr_ui.render import TraceView, metrics_html
+
+    lm = _tiny("llama")
+    cfg = RunConfig(**{**LONG, "max_think": 60, "draft_interval": 10})
+    log = RunLog(tmp_path / "runs.db")
+    view = TraceView(method="ssr")
+    for ev in log.record(decode_ssr(lm, PROMPT, cfg), RunMeta("ssr", "tiny", PROMPT, cfg.to_dict())):
+        view.apply(ev)
+    [row] = log.runs(limit=1)
+    assert row["forks"] == "shared prefix"
+    for v in (view, logged_view(row, log.events(row["id"]))):
+        assert 'forks</div><div class="v">shared prefix' in metrics_html(v, "SSR")
