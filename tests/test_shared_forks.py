@@ -148,3 +148,30 @@ def test_the_strip_and_the_log_say_which_path_the_forks_took(tmp_path):
     assert row["forks"] == "shared prefix"
     for v in (view, logged_view(row, log.events(row["id"]))):
         assert 'forks</div><div class="v">shared prefix' in metrics_html(v, "SSR")
+
+
+def test_the_scaling_benchmark_reports_both_paths_side_by_side(tmp_path, capsys):
+    import json
+
+    from engine.tools.scaling import main
+
+    out = tmp_path / "scaling.json"
+    assert main(["--model", "tiny-reasoner", "--think", "48", "--drafts", "1,2", "--draft-start", "4", "--max-draft", "16",
+                 "--max-answer", "8", "--out", str(out)]) == 0
+    table = json.loads(out.read_text())["table"]
+    assert [(r["drafts"], r["forks"]) for r in table] == [(1, "shared"), (1, "copied"), (2, "shared"), (2, "copied")]
+    assert all(r["identical"] and r["ssr_vs_baseline"] > 0 and r["baseline_step_ms"] > 0 for r in table)
+    by = {(r["drafts"], r["forks"]): r for r in table}
+    assert by[(2, "shared")]["path"] == "shared prefix" and by[(2, "copied")]["path"].startswith("copied prefix")
+    assert by[(2, "shared")]["cache_mb"] < by[(2, "copied")]["cache_mb"]
+    assert "ssr/base" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, says", [(["--think", "0"], "--think takes whole numbers of at least 1"),
+                                        (["--drafts", "two"], "--drafts takes whole numbers"),
+                                        (["--forks", "cloned"], "--forks takes shared and/or copied")])
+def test_the_scaling_benchmark_refuses_bad_flags_by_name(tmp_path, capsys, args, says):
+    from engine.tools.scaling import main
+
+    assert main(["--model", "tiny-reasoner", *args, "--out", str(tmp_path / "x.json")]) == 2
+    assert says in capsys.readouterr().err

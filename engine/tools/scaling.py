@@ -12,7 +12,9 @@ repeats the whole round and reports medians with their range. The default prompt
 essay, so the model's reasoning runs to the budget; the table says how long each reasoning was
 (a model that ends its reasoning before the budget measures a shorter context).
 
-Per row: SSR's latency over baseline's (the same budget, identical tokens checked), baseline's
+Per row: SSR's latency over baseline's (the same budget, identical tokens checked), the same for
+the reasoning phase alone (what the drafts riding cost there: the answer's savings, fixed in size,
+weigh less as the reasoning grows, so the whole run's ratio drifts towards 1 by arithmetic), baseline's
 median reasoning step, SSR's main row's median step alone (one row, one token: the steps where no
 draft rode) and with drafts riding, each run's KV cache (the preallocated buffers, every row) and
 the process's peak resident memory during the run (Linux: ``VmHWM`` reset before each run; weights
@@ -66,7 +68,7 @@ def measure(run, prompt: str, cfg) -> dict:
     steps = [e for e in events if isinstance(e, ForwardEvent) and e.phase == "reasoning"]
     alone = [e.wall_s for e in steps if len(e.rows) == 1 and e.rows[0].fed == 1]
     riding = [e.wall_s for e in steps if len(e.rows) > 1]
-    return {"wall_s": stats.wall_s, "reasoning_tokens": stats.reasoning_tokens, "cache_mb": stats.cache_mb,
+    return {"wall_s": stats.wall_s, "reasoning_s": stats.reasoning_s, "reasoning_tokens": stats.reasoning_tokens, "cache_mb": stats.cache_mb,
             "peak_mb": peak_mb(), "step_alone_ms": 1e3 * statistics.median(alone) if alone else None,
             "step_drafting_ms": 1e3 * statistics.median(riding) if riding else None, "forks": stats.forks,
             "drafts": stats.drafts,
@@ -97,6 +99,7 @@ def rounds(lm, prompt: str, thinks: list[int], drafts: list[int], forks: list[st
                         lm.share_forks = True
                     got["identical"] = got["tokens"] == base["tokens"]
                     got["ratio"] = got["wall_s"] / base["wall_s"]
+                    got["reasoning_ratio"] = got["reasoning_s"] / base["reasoning_s"] if base["reasoning_s"] else None
                     got["cache_vs_baseline"] = got["cache_mb"] / base["cache_mb"] if base["cache_mb"] else None
                     rows.append({"think": think, "method": "ssr", "num_drafts": n, "way": way, "repeat": rep,
                                  "baseline_step_ms": base["step_alone_ms"], **got})
@@ -120,6 +123,7 @@ def table(rows: list[dict]) -> list[dict]:
         ratios = [r["ratio"] for r in mine]
         out.append({"think": think, "reasoning": med("reasoning_tokens"), "drafts": n, "forks": way,
                     "ssr_vs_baseline": med("ratio"), "ratio_range": [min(ratios), max(ratios)],
+                    "reasoning_vs_baseline": med("reasoning_ratio"),
                     "baseline_step_ms": med("baseline_step_ms"), "ssr_alone_step_ms": med("step_alone_ms"),
                     "ssr_drafting_step_ms": med("step_drafting_ms"), "cache_mb": med("cache_mb"),
                     "cache_vs_baseline": med("cache_vs_baseline"), "peak_mb": med("peak_mb"),
@@ -132,12 +136,13 @@ def _fmt(v, spec: str) -> str:
 
 
 def print_table(lines: list[dict]) -> None:
-    head = ("think", "reasoned", "drafts", "forks", "ssr/base", "range", "base step ms", "alone ms", "riding ms",
+    head = ("think", "reasoned", "drafts", "forks", "ssr/base", "range", "reasoning ssr/base", "base step ms", "alone ms", "riding ms",
             "cache MB", "cache/base", "peak MB", "identical")
     print(" | ".join(head))
     for r in lines:
         print(" | ".join([str(r["think"]), _fmt(r["reasoning"], ".0f"), str(r["drafts"]), r["forks"],
                           _fmt(r["ssr_vs_baseline"], ".3f"), f"{r['ratio_range'][0]:.2f}-{r['ratio_range'][1]:.2f}",
+                          _fmt(r["reasoning_vs_baseline"], ".3f"),
                           _fmt(r["baseline_step_ms"], ".1f"), _fmt(r["ssr_alone_step_ms"], ".1f"),
                           _fmt(r["ssr_drafting_step_ms"], ".1f"), _fmt(r["cache_mb"], ".1f"),
                           _fmt(r["cache_vs_baseline"], ".2f"), _fmt(r["peak_mb"], ".0f"), str(r["identical"])]))
