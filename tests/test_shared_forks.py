@@ -175,3 +175,28 @@ def test_the_scaling_benchmark_refuses_bad_flags_by_name(tmp_path, capsys, args,
 
     assert main(["--model", "tiny-reasoner", *args, "--out", str(tmp_path / "x.json")]) == 2
     assert says in capsys.readouterr().err
+
+
+def test_a_window_under_another_name_keeps_copies():
+    """GPT-Neo's local layers window by slot index under ``window_size`` (no ``sliding_window`` for
+    the cache layout to see): its drafts copy the prefix."""
+    from transformers import AutoModelForCausalLM, GPTNeoConfig
+
+    from engine.runtime.model import LoadedModel, find_markers
+    from tests.tiny import make_tokenizer
+
+    tok = make_tokenizer()
+    config = GPTNeoConfig(vocab_size=len(tok), hidden_size=16, num_layers=2, attention_types=[[["global", "local"], 1]],
+                          num_heads=2, window_size=8, max_position_embeddings=128)
+    lm = LoadedModel(AutoModelForCausalLM.from_config(config).eval(), tok, "tiny-gpt-neo", find_markers(tok))
+    assert "sliding-window" in unshared(lm)
+
+
+def test_learned_positions_keep_a_shared_cache_within_them():
+    """GPT-2 (learned absolute positions) with drafts that would take a shared cache past its 512
+    positions: the drafts copy the prefix, and the run says why; still identical to baseline."""
+    cfg = RunConfig(max_think=400, max_answer=16, max_draft=200, drafting="always", num_drafts=2, draft_start=40,
+                    draft_interval=100)
+    lm = _thinking(_tiny("gpt2"), cfg)
+    ssr, _ = _same(lm, cfg, "shared")
+    assert "more than the model's 512 positions" in ssr.stats.forks, ssr.stats.forks

@@ -205,11 +205,17 @@ def test_trust_a_run_whose_cache_would_not_fit_is_refused_with_the_estimate(tmp_
     from tests.tiny import make_model
 
     studio = Studio("tiny", db=str(tmp_path / "runs.db"), max_cache_gb=0.001)
-    studio.add_model("tiny", make_model("llama", init_scale=3.0))
-    strip = list(studio.run("hello", "SSR", "tiny", **{**SMALL, "num_drafts": 400, "draft_interval": 1,
-                                                          "max_think": 420}))[-1].metrics
+    lm = make_model("llama", init_scale=3.0)
+    studio.add_model("tiny", lm)
+    many = {**SMALL, "num_drafts": 400, "draft_interval": 1, "max_think": 420}
+    lm.share_forks = False  # every draft a copy of the prefix: 401 rows
+    strip = list(studio.run("hello", "SSR", "tiny", **many))[-1].metrics
     assert "KV cache would take" in strip and "401 rows" in strip and "--max-cache-gb (0.00 GB)" in strip
     assert studio.history() == []
+    lm.share_forks = True  # shared forks: the prefix once, and only the drafts live at once
+    strip = list(studio.run("hello", "SSR", "tiny", **many))[-1].metrics
+    assert "KV cache would take" not in strip and "shared prefix" in strip, strip
+    assert studio.history()[0]["status"] == "ok"
     list(studio.run("hello", "SSR", "tiny", **SMALL))  # a run that fits still runs
     assert studio.history()[0]["status"] == "ok"
     monkeypatch.setattr("engine.runtime.model.available_bytes", lambda device: 1024)

@@ -138,7 +138,7 @@ class RowBatch:
     def _make_room(self, slots: int) -> None:
         """Shared forks: before a forward that appends ``slots`` beyond the cache's capacity, the
         slots no row sees any more (rejected, padding) are compacted away."""
-        capacity = getattr(self.cache, "capacity", None)
+        capacity = min((layer.capacity for layer in self.cache.slot_layers), default=None)  # a grown layer's too
         if capacity is not None and self.length + slots > capacity and self.valid is not None:
             self._compact(self.valid.any(0))
 
@@ -246,7 +246,7 @@ def unshared(lm: LoadedModel) -> str | None:
     impl = getattr(lm.model.config, "_attn_implementation", None)
     reasons = (
         (not lm.share_forks, "shared forks turned off (LoadedModel.share_forks)"),
-        (lm.layout.sliding, "its sliding-window layers window slots, not one row's positions"),
+        (lm.layout.sliding or _windowed(lm.model.config), "its sliding-window layers window slots, not one row's positions"),
         (lm.layout.recurrent, "its recurrent states are one per row"),
         (lm.holes_unsafe, "its mask does not hide slots (the capability probe's holes check)"),
         (lm.shared_unsafe, "rows sharing the cache did not decode as copies do (the capability probe's shared-forks check)"),
@@ -257,6 +257,21 @@ def unshared(lm: LoadedModel) -> str | None:
         (impl not in MASKED_ATTENTION and lm.exact != "rows", f"its attention ({impl}) takes no 4-D mask as given"),
     )
     return next((why for cond, why in reasons if cond), None)
+
+
+def rotary(config) -> bool:
+    """Whether the model places positions by rotary embeddings computed from the positions passed
+    (its ``rope_parameters``), so the number of slots a cache holds is bounded by nothing but memory.
+    Models with learned absolute positions (GPT-2, GPT-Neo) may keep buffers of their positions' size
+    that a forward indexes by slot: a shared cache stays within their positions."""
+    return bool(getattr(config.get_text_config(decoder=True), "rope_parameters", None))
+
+
+def _windowed(config) -> bool:
+    """A window declared under another name than transformers' ``sliding_window`` (GPT-Neo's local
+    layers: ``window_size``, applied by slot index), which the cache layout does not see."""
+    config = config.get_text_config(decoder=True)
+    return bool(getattr(config, "window_size", None)) or "local" in (getattr(config, "attention_layers", None) or ())
 
 
 def _padded(rows: list[list[int]], width: int, device) -> torch.Tensor:

@@ -279,12 +279,13 @@ def _write(lm: LoadedModel, path: Path, identity: dict, caps: Capabilities) -> N
 def _measure(lm: LoadedModel) -> Capabilities:
     """The checks, on the eager route with exact mode off; the run being set up (if any) gets its
     own settings back after."""
-    saved = lm.exact, lm.compiled, lm.compile_why
+    saved = lm.exact, lm.compiled, lm.compile_why, lm.share_forks
     lm.begin_run()
+    lm.share_forks = True  # the probe measures what the model can do, whatever an operator switched off
     try:
         return _checks(lm)
     finally:
-        lm.exact, lm.compiled, lm.compile_why = saved
+        lm.exact, lm.compiled, lm.compile_why, lm.share_forks = saved
         lm.rope.begin_run(lm.model)  # position-dependent RoPE state back to a fresh run's
 
 

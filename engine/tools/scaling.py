@@ -18,7 +18,9 @@ weigh less as the reasoning grows, so the whole run's ratio drifts towards 1 by 
 median reasoning step, SSR's main row's median step alone (one row, one token: the steps where no
 draft rode) and with drafts riding, each run's KV cache (the preallocated buffers, every row) and
 the process's peak resident memory during the run (Linux: ``VmHWM`` reset before each run; weights
-included, so compare rows, not absolutes; ``None`` elsewhere). The figures are written to ``--out``
+included, so compare rows, not absolutes; host memory only, so on a GPU read the KV cache column;
+``None`` elsewhere). "drafts (forked)": the drafts asked for, and how many forked (a reasoning
+that ends early forks fewer). The figures are written to ``--out``
 as JSON and printed as a table.
 """
 
@@ -121,7 +123,7 @@ def table(rows: list[dict]) -> list[dict]:
             return statistics.median(values) if values else None
 
         ratios = [r["ratio"] for r in mine]
-        out.append({"think": think, "reasoning": med("reasoning_tokens"), "drafts": n, "forks": way,
+        out.append({"think": think, "reasoning": med("reasoning_tokens"), "drafts": n, "forked": med("drafts"), "forks": way,
                     "ssr_vs_baseline": med("ratio"), "ratio_range": [min(ratios), max(ratios)],
                     "reasoning_vs_baseline": med("reasoning_ratio"),
                     "baseline_step_ms": med("baseline_step_ms"), "ssr_alone_step_ms": med("step_alone_ms"),
@@ -136,11 +138,11 @@ def _fmt(v, spec: str) -> str:
 
 
 def print_table(lines: list[dict]) -> None:
-    head = ("think", "reasoned", "drafts", "forks", "ssr/base", "range", "reasoning ssr/base", "base step ms", "alone ms", "riding ms",
+    head = ("think", "reasoned", "drafts (forked)", "forks", "ssr/base", "range", "reasoning ssr/base", "base step ms", "alone ms", "riding ms",
             "cache MB", "cache/base", "peak MB", "identical")
     print(" | ".join(head))
     for r in lines:
-        print(" | ".join([str(r["think"]), _fmt(r["reasoning"], ".0f"), str(r["drafts"]), r["forks"],
+        print(" | ".join([str(r["think"]), _fmt(r["reasoning"], ".0f"), f"{r['drafts']} ({_fmt(r['forked'], '.0f')})", r["forks"],
                           _fmt(r["ssr_vs_baseline"], ".3f"), f"{r['ratio_range'][0]:.2f}-{r['ratio_range'][1]:.2f}",
                           _fmt(r["reasoning_vs_baseline"], ".3f"),
                           _fmt(r["baseline_step_ms"], ".1f"), _fmt(r["ssr_alone_step_ms"], ".1f"),

@@ -55,7 +55,7 @@ from engine.methods.ssr.policy import ledger, plan
 from engine.methods.ssr.proposers import Draft, DraftPrefixProposer, Proposal, Proposer, SuffixProposer
 from engine.methods.ssr.rows import Row, RowStep
 from engine.methods.ssr.suffix_index import SuffixIndex
-from engine.runtime.batch import RowBatch, unshared
+from engine.runtime.batch import RowBatch, rotary, unshared
 from engine.runtime.cache import cache_mb
 from engine.runtime.probe import require
 
@@ -107,7 +107,11 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
     if shared:  # (slots, rows): one row, holding the main row's budgets and the drafts live at once
         main_slots = len(prompt_ids) + len(markers.close_ids) + cfg.max_think + cfg.max_answer + past_end
         cache_size = main_slots + shared_slots(cfg, planned, len(markers.close_ids) + len(markers.tail_ids)), 1
-    else:  # every row holds the longest row's slots: the main row's, or the last draft's
+        if lm.context_length and cache_size[0] > lm.context_length and not rotary(lm.model.config):
+            # learned absolute positions: the model may keep buffers of its positions' size and index them by slot
+            shared, copied = False, (f"a shared cache would hold {cache_size[0]} slots, more than the model's "
+                                     f"{lm.context_length} positions")
+    if not shared:  # every row holds the longest row's slots: the main row's, or the last draft's
         cache_size = capacity, 1 + planned
     rec = Recorder(lm.tokenizer, method, len(prompt_ids), lm.device)
     # before the clock starts: every shape (rows x width) the run can meet
