@@ -94,7 +94,7 @@ def test_auto_takes_the_fixed_route_on_cuda_only():
 
 def test_a_run_with_more_rows_than_the_route_holds_is_refused_before_it_starts():
     lm = fp32("llama")
-    cfg = RunConfig(max_think=40, max_answer=4, max_draft=4, draft_start=1, num_drafts=fixed.ROWS, draft_interval=4,
+    cfg = RunConfig(max_think=40, max_answer=4, max_draft=4, draft_start=1, num_drafts=fixed.ROWS, draft_interval=4, drafting="always",
                     exact=True, exact_route="fixed")
     with pytest.raises(ValueError, match=f"runs {fixed.ROWS} rows a step and this run needs {fixed.ROWS + 1}"):
         next(iter(decode_ssr(lm, PROMPT, cfg)))

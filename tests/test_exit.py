@@ -22,8 +22,10 @@ from engine.runlog import RunLog, RunMeta
 from engine.runtime.model import ThinkMarkers, load_model
 from engine.tools.synthetic import make_example
 
+# drafting "always": SSR, compared with ssr-exit event for event, forks as planned (auto may drop its drafts
+# after earlier runs on this model)
 CFG = RunConfig(max_think=400, max_answer=300, draft_start=20, max_draft=300, num_drafts=12, draft_interval=8,
-                exit_k=2, exit_confidence=0)
+                exit_k=2, exit_confidence=0, drafting="always")
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +254,7 @@ def test_on_smollm2_an_exit_is_plain_decoding_cut_and_k_above_the_drafts_is_ssr(
 
     lm = smollm2()
     cfg = RunConfig(max_think=64, max_answer=24, draft_start=4, max_draft=24, num_drafts=6, draft_interval=4, exit_k=1,
-                    exit_confidence=0)
+                    exit_confidence=0, drafting="always")
     prompt = "What is 12 plus 30? Answer with the number."  # its prompted reasoning runs ~20 tokens; a draft ends first
     events = run(lm, "ssr-exit", prompt, cfg)
     s = events[-1].stats
