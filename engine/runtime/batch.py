@@ -31,7 +31,7 @@ class RowBatch:
     states are not (``CacheLayout.holes_ok``): with those, several rows must keep equal counts;
     a lone row may still keep fewer than it fed (it is rolled back: a crop, or a re-read).
 
-    **Shared forks** (``shared=True``: the run's cache made with one row, see :func:`shares_prefix`):
+    **Shared forks** (``shared=True``: the run's cache made with one row, see :func:`unshared`):
     the rows share the cache's one buffer row instead of each holding a copy of the prefix. A fork
     copies nothing (the new row sees what row 0 sees); a forward over ``R`` rows of ``K`` tokens
     appends ``R * K`` slots, row 0's tokens then row 1's, and each row's mask shows it its own;
@@ -104,32 +104,29 @@ class RowBatch:
         if self.lm.rope.crosses(self.positions[0], self.positions[0] + len(feeds[0])):
             return self._reencode(feeds, width)
         self._ckpt = checkpoint(self.cache, self.length) if self.lm.layout.recurrent and width > 1 else None
-        if self.shared and self.rows > 1:
-            return self._shared_forward(feeds, width)
         mask = None
-        if self.valid is not None:
+        if self.shared and self.rows > 1:
+            self._make_room(self.rows * width)
+            mask = self._shared_mask(width).to(self.device)
+        elif self.valid is not None:
             mask = torch.cat([self.valid, torch.ones(len(feeds), width, dtype=torch.bool)], dim=1).long()  # [rows, length + K]
             mask = mask.to(self.device)
         self.last_tokens = self.rows * width
         return self.lm.forward(_padded(feeds, width, self.device), self.cache, self.length,
                                positions=_feed_positions(self.positions, feeds, width, self.device), attention_mask=mask)
 
-    def _shared_forward(self, feeds: list[list[int]], width: int) -> torch.Tensor:
+    def _shared_mask(self, width: int) -> torch.Tensor:
         """Shared forks: the rows' feeds take ``rows * width`` new slots, row after row; row ``r``'s
         queries see the slots :attr:`valid` gives it, then its own new slots causally (a 4-D mask
         ``[rows, 1, width, length + rows * width]``, additive, as every attention function takes)."""
         rows = self.rows
-        self._make_room(rows * width)
         own = torch.zeros(rows, width, rows, width, dtype=torch.bool)
         causal = torch.ones(width, width, dtype=torch.bool).tril()
         for r in range(rows):
             own[r, :, r] = causal
         seen = torch.cat([self._visible()[:, None].expand(rows, width, self.length), own.flatten(2)], dim=2)
-        mask = torch.zeros(seen.shape, dtype=self.lm.model.dtype).masked_fill_(~seen, torch.finfo(self.lm.model.dtype).min)
-        self.last_tokens = rows * width
-        return self.lm.forward(_padded(feeds, width, self.device), self.cache, self.length,
-                               positions=_feed_positions(self.positions, feeds, width, self.device),
-                               attention_mask=mask[:, None].to(self.device))
+        dtype = self.lm.model.dtype
+        return torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min)[:, None]
 
     def _visible(self) -> torch.Tensor:
         """:attr:`valid`, or every slot visible to every row where no row has a hole."""
@@ -143,7 +140,7 @@ class RowBatch:
             self._compact(self.valid.any(0))
 
     def _compact(self, live: torch.Tensor) -> None:
-        """Shared forks: keep only the slots ``live`` (``[length]`` bool), in order."""
+        """Keep only the slots ``live`` (``[length]`` bool), in order (the cache's one buffer row)."""
         if bool(live.all()):
             return
         slots = live.nonzero().flatten()
@@ -177,27 +174,26 @@ class RowBatch:
         """Row ``r`` keeps the first ``kept[r]`` slots it was just fed; the rest become its holes.
         Slots no row kept are rolled back off the end."""
         if self.shared and self.rows > 1:
-            self._keep_shared(kept)
-            return
-        top = max(kept)
-        if self._ckpt is not None:  # recurrent states: only a lone row feeds several tokens (no holes)
-            assert len(kept) == 1, "rows with recurrent states cannot hold holes"
-            self.lm.rewind(self.cache, self._ckpt, self._fed[0][:top])
+            top = self._keep_shared(kept)
         else:
-            crop(self.cache, self.length + top)
-        if self.valid is not None or any(k < top for k in kept):
-            block = torch.arange(top)[None, :] < torch.tensor(kept)[:, None]  # [rows, top]
-            valid = self.valid if self.valid is not None else torch.ones(len(kept), self.length, dtype=torch.bool)
-            self.valid = torch.cat([valid, block], dim=1)  # [rows, length + top]
+            top = max(kept)
+            if self._ckpt is not None:  # recurrent states: only a lone row feeds several tokens (no holes)
+                assert len(kept) == 1, "rows with recurrent states cannot hold holes"
+                self.lm.rewind(self.cache, self._ckpt, self._fed[0][:top])
+            else:
+                crop(self.cache, self.length + top)
+            if self.valid is not None or any(k < top for k in kept):
+                block = torch.arange(top)[None, :] < torch.tensor(kept)[:, None]  # [rows, top]
+                self.valid = torch.cat([self._visible(), block], dim=1)  # [rows, length + top]
         self.length += top
         self.positions = [p + k for p, k in zip(self.positions, kept, strict=True)]
         if self.ids is not None:
             for row, fed, k in zip(self.ids, self._fed, kept, strict=True):
                 row.extend(fed[:k])
 
-    def _keep_shared(self, kept: list[int]) -> None:
+    def _keep_shared(self, kept: list[int]) -> int:
         """Shared forks: row ``r`` keeps the first ``kept[r]`` of its ``width`` new slots, seen by it
-        alone; the slots past the last one kept are rolled back off the end."""
+        alone; the slots past the last one kept are rolled back off the end. The slots added."""
         rows, width = self.rows, max(len(f) for f in self._fed)
         new = torch.zeros(rows, rows, width, dtype=torch.bool)
         for r, k in enumerate(kept):
@@ -207,11 +203,7 @@ class RowBatch:
         top = int(used.max()) + 1 if len(used) else 0
         crop(self.cache, self.length + top)
         self.valid = torch.cat([self._visible(), new[:, :top]], dim=1)  # [rows, length + top]
-        self.length += top
-        self.positions = [p + k for p, k in zip(self.positions, kept, strict=True)]
-        if self.ids is not None:
-            for row, fed, k in zip(self.ids, self._fed, kept, strict=True):
-                row.extend(fed[:k])
+        return top
 
     def select(self, keep: list[int]) -> None:
         """Keep these rows, in this order; a lone row left sheds its holes (shared: the slots no
@@ -221,18 +213,12 @@ class RowBatch:
         self.positions = [self.positions[i] for i in keep]
         if self.ids is not None:
             self.ids = [self.ids[i] for i in keep]
-        if self.shared and self.valid is not None:
-            self.valid = self.valid[keep]
-            self._compact(self.valid.any(0))
-            if len(keep) == 1:
-                self.valid = None  # a lone row sees every slot left
-            return
         if self.valid is not None:
             self.valid = self.valid[keep]  # [len(keep), length]
+            if self.shared or len(keep) == 1:  # the slots no row left sees go (copies: only a lone row's holes)
+                self._compact(self.valid.any(0))
             if len(keep) == 1:
-                slots = self.valid[0].nonzero().flatten()  # [positions[0]]
-                compact(self.cache, slots.to(self.device))
-                self.length, self.valid = len(slots), None
+                self.valid = None  # a lone row sees every slot left
 
 
 MASKED_ATTENTION = ("sdpa", "eager")  # attention functions that take a 4-D mask as it is (shared forks need one)
