@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from engine.presets import BUNDLED, BUNDLED_DIR, PRESETS, Preset
-from engine.runtime import fixed
+from engine.runtime import attention, fixed
 from engine.runtime.cache import (
     CacheLayout,
     Checkpoint,
@@ -106,6 +106,7 @@ class LoadedModel:
 
     def __init__(self, model, tokenizer, model_id: str, markers: ThinkMarkers | None, preset: Preset | None = None):
         self.model = model.eval()
+        attention.register()  # masked steps of grouped heads read the KV cache without copying it (engine.runtime.attention)
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.markers = markers
