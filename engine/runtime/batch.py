@@ -33,11 +33,12 @@ class RowBatch:
 
     **Shared forks** (``shared=True``: the run's cache made with one row, see :func:`unshared`):
     the rows share the cache's one buffer row instead of each holding a copy of the prefix. A fork
-    copies nothing (the new row sees what row 0 sees); a forward over ``R`` rows of ``K`` tokens
-    appends ``R * K`` slots, row 0's tokens then row 1's, and each row's mask shows it its own;
-    a row that leaves takes its slots with it (compacted away). So the cache holds the prefix once
-    plus each row's own tokens, and every row reads the one buffer (a broadcast view, nothing
-    copied per step). :attr:`valid` is then the map of which row sees which slot. Attention over
+    copies nothing (the new row sees what row 0 sees); a forward runs the rows' feeds, unpadded,
+    as one packed sequence in one row (row 0's tokens, then row 1's, ...), appending one slot per
+    token fed, and each token's mask shows it its row's slots; a row that leaves takes its slots
+    with it (compacted away). So the cache holds the prefix once plus each row's own tokens, every
+    row reads the one buffer, and no padding is computed. :attr:`valid` is then the map of which
+    row sees which slot. Attention over
     the prefix and a row's own tokens is one softmax over the slots its mask shows: the merge is
     exact by construction. A lone row left holds exactly its own slots, in position order: the
     cache plain decoding holds.
@@ -60,8 +61,6 @@ class RowBatch:
     def __init__(self, lm: LoadedModel, cache, length: int, ids: list[int] | None = None, shared: bool = False) -> None:
         self.lm, self.cache, self.device = lm, cache, lm.device
         self.shared = shared  # rows share one buffer row (the class docstring's shared forks)
-        if shared:
-            cache.share_rows()
         self.length = length  # slots in the cache, holes included
         self.valid: torch.Tensor | None = None  # [rows, length] visible slots; None: no holes anywhere
         self.positions = [length]  # per row: tokens it holds (its next position)
@@ -103,30 +102,43 @@ class RowBatch:
         self._fed = feeds
         if self.lm.rope.crosses(self.positions[0], self.positions[0] + len(feeds[0])):
             return self._reencode(feeds, width)
+        if self.shared and self.rows > 1:
+            return self._packed_forward(feeds, width)
         self._ckpt = checkpoint(self.cache, self.length) if self.lm.layout.recurrent and width > 1 else None
         mask = None
-        if self.shared and self.rows > 1:
-            self._make_room(self.rows * width)
-            mask = self._shared_mask(width).to(self.device)
-        elif self.valid is not None:
+        if self.valid is not None:
             mask = torch.cat([self.valid, torch.ones(len(feeds), width, dtype=torch.bool)], dim=1).long()  # [rows, length + K]
             mask = mask.to(self.device)
         self.last_tokens = self.rows * width
         return self.lm.forward(_padded(feeds, width, self.device), self.cache, self.length,
                                positions=_feed_positions(self.positions, feeds, width, self.device), attention_mask=mask)
 
-    def _shared_mask(self, width: int) -> torch.Tensor:
-        """Shared forks: the rows' feeds take ``rows * width`` new slots, row after row; row ``r``'s
-        queries see the slots :attr:`valid` gives it, then its own new slots causally (a 4-D mask
-        ``[rows, 1, width, length + rows * width]``, additive, as every attention function takes)."""
-        rows = self.rows
-        own = torch.zeros(rows, width, rows, width, dtype=torch.bool)
-        causal = torch.ones(width, width, dtype=torch.bool).tril()
-        for r in range(rows):
-            own[r, :, r] = causal
-        seen = torch.cat([self._visible()[:, None].expand(rows, width, self.length), own.flatten(2)], dim=2)
+    def _packed_forward(self, feeds: list[list[int]], width: int) -> torch.Tensor:
+        """Shared forks: every row's feed, unpadded, as one packed sequence of ``sum(len(feed))``
+        tokens in one row (row 0's, then row 1's, ...), each at its row's positions, taking as many
+        new slots. A 4-D mask ``[1, 1, tokens, length + tokens]`` (additive, as every attention
+        function takes) shows each token the slots :attr:`valid` gives its row, then its own row's
+        new tokens causally. Nothing is computed for padding: a step in which row 0 verifies eight
+        lookup tokens beside a draft writing one computes nine tokens, not sixteen. Logits come back
+        as ``[rows, width, V]``, a row's padding given its last token's logits (as a padded row's
+        padding would be read: never, past what the row was fed)."""
+        lens = [len(f) for f in feeds]
+        starts = [sum(lens[:r]) for r in range(len(lens))]
+        total = sum(lens)
+        self._make_room(total)
+        seen = torch.zeros(total, self.length + total, dtype=torch.bool)
+        visible = self._visible()
+        for r, (s, n) in enumerate(zip(starts, lens, strict=True)):
+            seen[s : s + n, : self.length] = visible[r]
+            seen[s : s + n, self.length + s : self.length + s + n] = torch.ones(n, n, dtype=torch.bool).tril()
         dtype = self.lm.model.dtype
-        return torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min)[:, None]
+        mask = torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min)[None, None]
+        ids = torch.tensor([[t for f in feeds for t in f]], device=self.device)
+        pos = torch.tensor([[p + j for p, n in zip(self.positions, lens, strict=True) for j in range(n)]], device=self.device)
+        self.last_tokens = total
+        logits = self.lm.forward(ids, self.cache, self.length, positions=pos, attention_mask=mask.to(self.device))[0]
+        index = torch.tensor([[s + min(j, n - 1) for j in range(width)] for s, n in zip(starts, lens, strict=True)])
+        return logits[index.to(logits.device)]  # [rows, width, V]
 
     def _visible(self) -> torch.Tensor:
         """:attr:`valid`, or every slot visible to every row where no row has a hole."""
@@ -192,13 +204,12 @@ class RowBatch:
                 row.extend(fed[:k])
 
     def _keep_shared(self, kept: list[int]) -> int:
-        """Shared forks: row ``r`` keeps the first ``kept[r]`` of its ``width`` new slots, seen by it
-        alone; the slots past the last one kept are rolled back off the end. The slots added."""
-        rows, width = self.rows, max(len(f) for f in self._fed)
-        new = torch.zeros(rows, rows, width, dtype=torch.bool)
+        """Shared forks: row ``r`` keeps the first ``kept[r]`` of the new slots its feed took (packed,
+        row after row), seen by it alone; the slots past the last one kept are rolled back off the end. The slots added."""
+        lens = [len(f) for f in self._fed]
+        new = torch.zeros(self.rows, sum(lens), dtype=torch.bool)  # [rows, slots added]: the packed feeds'
         for r, k in enumerate(kept):
-            new[r, r, :k] = True
-        new = new.flatten(1)  # [rows, rows * width]
+            new[r, sum(lens[:r]) : sum(lens[:r]) + k] = True
         used = new.any(0).nonzero()
         top = int(used.max()) + 1 if len(used) else 0
         crop(self.cache, self.length + top)

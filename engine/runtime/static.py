@@ -60,7 +60,6 @@ class SlotLayer(CacheLayerMixin):
         self.length = 0  # slots in use (the host's count; for fixed steps the cursor is the device's)
         self.rows = 1  # rows in use
         self.cursor = cursor or Cursor()
-        self.shared = False  # rows share one buffer row (:meth:`SlotCache.share_rows`)
 
     @property
     def is_compileable(self) -> bool:
@@ -103,10 +102,6 @@ class SlotLayer(CacheLayerMixin):
         assert value is None, "slot layers own their buffers"
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if self.shared and key_states.shape[0] > 1:  # each row's tokens in slots of their own, row after row
-            rows = key_states.shape[0]
-            k, v = self.update(_one_row(key_states), _one_row(value_states))  # [1, heads, length, dim]
-            return k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)  # every row reads the one buffer row
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         t = key_states.shape[-2]
@@ -178,11 +173,6 @@ class SlotLayer(CacheLayerMixin):
     @property
     def nbytes(self) -> int:
         return 2 * self._k.numel() * self._k.element_size() if self.is_initialized else 0
-
-
-def _one_row(states: torch.Tensor) -> torch.Tensor:
-    """``[rows, heads, T, dim]`` laid out as one row of ``rows * T`` slots: row 0's tokens, then row 1's, ..."""
-    return states.transpose(0, 1).flatten(1, 2)[None]
 
 
 class LinearSlotLayer(LinearAttentionLayer, SlotLayer):
@@ -274,16 +264,6 @@ class SlotCache(Cache):
 
     def crop(self, tokens_to_remove: int) -> None:
         self.set_length(self.get_seq_length() + tokens_to_remove)
-
-    def share_rows(self) -> None:
-        """From now on the rows of a forward share the buffers' first row: a forward over ``R`` rows
-        of ``T`` tokens writes ``R * T`` slots (row 0's tokens, then row 1's, ...) and every row
-        reads all of them, its mask saying which are its own (``engine.runtime.batch``, shared
-        forks). A fork then copies nothing. Eager caches only: a fixed cache's steps keep one
-        slot range per row."""
-        assert not self.fixed, "a fixed cache keeps a slot range per row"
-        for layer in self.slot_layers:
-            layer.shared = True
 
     def compact(self, keep: torch.Tensor) -> None:
         """A one-row cache keeps only the slots ``keep`` (its holes go)."""
