@@ -45,7 +45,8 @@ class RunConfig:
     num_drafts: int = 1  # > 1: iterative SSR, a new draft every draft_interval reasoning tokens
     draft_interval: int = 250
     max_spec: int = 32  # most tokens verified in one forward
-    think_spec: int = 0  # > 0: in the reasoning, each row also verifies up to this many lookup tokens per step
+    think_spec: int = 8  # > 0: in the reasoning, each row also verifies up to this many lookup tokens per step (the main
+    # row as many as pay: engine.methods.ssr.widths); 0: one token per reasoning step, the paper's mode
     min_match: int = 2  # shortest answer suffix that suffix recovery matches
     spec_factor: float = 0.0  # > 0: a suffix proposal is at most spec_factor x its match length (SuffixDecoding)
     suffix_recovery: bool = True  # reuse drafts after the first mismatch

@@ -68,7 +68,8 @@ def declared_context(model: str) -> int | None:
 
 
 def load_role(name: str, device: str | None = None, server: Server | None = None, target=None,
-              random_weights: bool = False, progress: Progress | None = None) -> LoadedModel | RemoteModel:
+              random_weights: bool = False, progress: Progress | None = None,
+              dtype: str | None = None) -> LoadedModel | RemoteModel:
     """The model ``name`` for one role: on its ``server`` if it has one, else in process (with
     random weights when asked: the architecture's real per-token cost, offline). A draft (given
     its ``target``) must share the target's tokenizer. ``progress`` hears how a load goes (a GGUF
@@ -77,9 +78,9 @@ def load_role(name: str, device: str | None = None, server: Server | None = None
         lm = connect(name, server.base_url, server.api_key, server.served_name, transport=server.transport,
                      speculation=server.speculation)
     elif random_weights:
-        lm = random_weights_model(name, device)
+        lm = random_weights_model(name, device, dtype=dtype)
     else:
-        lm = load_model(name, device=device, progress=progress)
+        lm = load_model(name, device=device, dtype=dtype, progress=progress)
     if isinstance(lm, LoadedModel):  # measured at load (or read back from its cache), kept: what SSR relies on
         capabilities(lm, progress)
     if target is not None:

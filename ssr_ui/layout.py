@@ -178,7 +178,9 @@ def build_app(studio: Studio) -> gr.Blocks:
                     lookup = gr.Checkbox(value=cfg.context_lookup, label="Context lookup")
                     think_spec = _as_sent(gr.Number(
                         value=cfg.think_spec, precision=0, label="Reasoning lookup",
-                        info="lookup tokens each row may verify per reasoning step (0: one token per step, as in the paper)"))
+                        info="most lookup tokens a row verifies per reasoning step (the main row: as many as pay on this "
+                             "model, by their acceptance and what a wider forward costs; 0: one token per step, as in "
+                             "the paper)"))
                     drafting = gr.Radio(list(DRAFTING), value=cfg.drafting, label=LABELS["drafting"], elem_id="drafting",
                                         info="auto: SSR forks its drafts only where they have paid on this model "
                                              "(their batch cost against the forwards they saved); always: as planned")

@@ -423,13 +423,14 @@ class TraceView:
         return self.phase in ("done", "stopped", "cancelled", "error", "ok")
 
     def saved_by(self) -> dict[str, int]:
-        """Per proposer, the forwards it saved so far: the proposal tokens its verifies accepted
-        (each is one forward fewer than one-token decoding), from the forwards' own records; the
-        ones that saved most first."""
+        """Per proposer, the forwards it saved so far: the proposal tokens the main row's verifies
+        accepted (each is one forward fewer than one-token decoding), from the forwards' own
+        records; the ones that saved most first. A draft row's own lookups (reasoning lookups on)
+        shorten that draft, not the run: its steps ride in the main row's forwards anyway."""
         saved: dict[str, int] = {}
         for fwd in self.forwards:
             for r in fwd.rows:
-                if r.proposer and r.accepted:
+                if r.row == "main" and r.proposer and r.accepted:
                     saved[r.proposer] = saved.get(r.proposer, 0) + r.accepted
         return dict(sorted(saved.items(), key=lambda kv: -kv[1]))
 
@@ -496,7 +497,7 @@ TERMS = {
     "rejected": "draft tokens proposed and never taken (struck through in the Draft pane)",
     "drafts added": "SSR's latency over the same comparison's run of SSR with its lookups alone (no drafts): "
                     "what forking, carrying and verifying the drafts bought or cost on this prompt",
-    "forwards saved": "per proposer, the proposal tokens its verifies accepted: each is one forward fewer than "
+    "forwards saved": "per proposer, the proposal tokens the main row's verifies accepted: each is one forward fewer than "
                       "decoding one token per forward (draft prefix and suffix in drafts: the drafts' work; a lookup: "
                       "a match in the prompt, the reasoning or the answer, which needs no draft)",
     "lookup misses": "tokens proposed from the prompt, the reasoning or the answer (context lookup) that "
@@ -534,6 +535,9 @@ TERMS = {
     "forks": "how the drafts held the reasoning they forked from: shared prefix (they read the main row's cache, "
              "holding only their own tokens), or a copy of it each (the reason is given: a sliding window, "
              "recurrent states, compiled steps, ...)",
+    "reasoning lookups": "SSR's cost-aware lookup widths (Reasoning lookup > 0): each reasoning step verifies as "
+                         "many lookup tokens as pay, from how often this run's lookups were accepted at each position "
+                         "and what a forward of that many more tokens measured on this model",
     "verify": "where SSR's verifies ran: in the model's own steps, on a speculating server, or as client-side "
               "verify requests",
 }
@@ -612,6 +616,8 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         items.append(("drafting", html.escape(view.stats.drafting)))
     if view.stats and view.stats.drafts and view.stats.forks:
         items.append(("forks", html.escape(view.stats.forks)))
+    if view.stats and view.stats.lookups:
+        items.append(("reasoning lookups", html.escape(view.stats.lookups)))
     if compare is not None and not compare.get("baselines"):
         left = _left_out(compare.get("pool") or {})
         items.append(("vs baseline", "no baseline run with these settings yet: run Baseline with them" if not left

@@ -296,9 +296,9 @@ def test_bench_shows_live_tokens_and_the_model_load_on_stderr(model_dir, prompts
 
     real = wiring.load_model
 
-    def reporting(name, device=None, progress=None):
+    def reporting(name, device=None, progress=None, **kw):
         progress("dequantizing 3 tensors of tiny.gguf (first use)")
-        return real(name, device=device)
+        return real(name, device=device, **kw)
 
     monkeypatch.setattr(wiring, "load_model", reporting)
     out = tmp_path / "r.json"

@@ -108,10 +108,20 @@ def test_wrong_model_name_and_unsupported_settings(lm):
         VllmClient("http://vllm.test", "big", transport=server.transport).check()
     rm, _ = remote(lm)
     for cfg, why in ((RunConfig(temperature=0.7, draft_start=2, max_think=8), "greedy only"),
-                     (RunConfig(think_spec=4, draft_start=2, max_think=8), "think_spec"),
                      (RunConfig(exact=True, draft_start=2, max_think=8), "exact mode runs in process only")):
         with pytest.raises(ValueError, match=why):
             list(decode_remote_ssr(rm, "hi", cfg))
+
+
+def test_reasoning_lookups_are_set_aside_on_a_server_and_the_run_says_so(lm):
+    rm, _ = remote(lm)
+    cfg = RunConfig(think_spec=4, draft_start=2, max_think=8, max_answer=6)
+    there = final(decode_remote_ssr(rm, "hi", cfg))
+    here = final(decode_baseline(lm, "hi", cfg))
+    assert (there.reasoning_ids, there.answer_ids) == (here.reasoning_ids, here.answer_ids)
+    assert there.stats.lookups.startswith("off on a server") and "Reasoning lookup 4 applies in process" in \
+        there.stats.lookups
+    assert final(decode_remote_ssr(rm, "hi", cfg.replace(think_spec=0))).stats.lookups == ""
 
 
 def test_connect_loads_the_tokenizer_and_checks_the_server():

@@ -99,11 +99,13 @@ def fit_pvalue(cfg: RunConfig, runs: int) -> float:
 
 
 # draft at reasoning token 0 (the draft never saw the reasoning), short drafts that often end by
-# sampling end of sequence, answers of up to 3 tokens
-BASE = RunConfig(max_think=2, max_answer=3, draft_start=0, max_draft=3, temperature=1.0)
+# sampling end of sequence, answers of up to 3 tokens, one token per reasoning step (think-spec-2:
+# reasoning lookups)
+BASE = RunConfig(max_think=2, max_answer=3, draft_start=0, max_draft=3, temperature=1.0, think_spec=0)
 CONFIGS = {
     "temperature-1": BASE,
     "top-p-0.8": BASE.replace(top_p=0.8),
+    "think-spec-default": BASE.replace(think_spec=RunConfig().think_spec),
     "think-spec-2": BASE.replace(max_think=3, think_spec=2, min_match=1, temperature=0.8, num_drafts=2,
                                  draft_interval=1),
 }
@@ -120,6 +122,8 @@ def _always_accept(target, tokens, q, g):
 
 def _drop_the_end(self, answer, max_tokens):
     """The old proposer: a draft's sampled end of sequence is never proposed."""
+    if self.draft is None:
+        return _propose(self, answer, max_tokens)
     end, self.draft.end = self.draft.end, None
     try:
         return _propose(self, answer, max_tokens)

@@ -26,7 +26,7 @@ from tests.tiny import ARCHS, make_model, with_tokens
 # four drafts spread over a long reasoning, with reasoning lookups (holes in every row) in the second
 LONG = dict(max_think=240, max_answer=24, max_draft=30, drafting="always", num_drafts=4, draft_start=10,
             draft_interval=50)
-SETTINGS = {"one-token": {}, "reasoning-lookups": dict(think_spec=3, min_match=1)}
+SETTINGS = {"one-token": dict(think_spec=0), "reasoning-lookups": dict(think_spec=3, min_match=1)}
 SHARED_FAMILIES = ("qwen3-moe", "deepseek-v3", "glm4-moe", "gpt2")  # experts, latent attention, Conv1D
 PROMPT = "class Garden: rose"
 
@@ -130,6 +130,30 @@ def test_a_shared_cache_out_of_room_compacts_what_no_row_sees():
     assert batch.length <= len(prefix) + 32
     batch.select([0])
     assert batch.length == len(prefix) + 12  # the main row's own slots, in order
+    assert torch.allclose(batch.forward([[tokens[12]]])[0, 0], want[12], atol=1e-9)
+
+
+def test_a_shared_cache_out_of_room_with_nothing_dead_grows_by_an_eighth():
+    """Rows that keep every slot they are fed leave nothing to compact: past the capacity the
+    buffers grow (by an eighth, not doubled), the used slots copied once, every logit the reference's."""
+    lm = _tiny("llama")
+    prefix = list(range(5, 25))
+    tokens = list(range(30, 60))
+    alone = lm.new_cache(len(prefix) + len(tokens))
+    lm.step_logits(prefix, alone, 0)
+    want = lm.step_logits(tokens, alone, len(prefix))
+    cache = lm.new_cache(len(prefix) + 16)
+    lm.step_logits(prefix, cache, 0)
+    batch = RowBatch(lm, cache, len(prefix), shared=True)
+    batch.fork()
+    for i, tok in enumerate(tokens[:12]):  # 24 slots kept past the prefix, in a cache with room for 16
+        logits = batch.forward([[tok], [tok + 40]])
+        assert torch.allclose(logits[0, 0], want[i], atol=1e-9), f"step {i}"
+        batch.keep([1, 1])
+    grown = {layer.capacity for layer in cache.slot_layers}
+    assert len(grown) == 1 and len(prefix) + 24 <= grown.pop() < 2 * (len(prefix) + 16), "grown by an eighth at a time"
+    batch.select([0])
+    assert batch.length == len(prefix) + 12
     assert torch.allclose(batch.forward([[tokens[12]]])[0, 0], want[12], atol=1e-9)
 
 

@@ -627,7 +627,8 @@ def rambling_model(tmp_path_factory):
 
 @needs_browser
 def test_31_a_run_of_thousands_of_tokens_keeps_the_page_responsive(page, rambling_model):
-    """SSR with three drafts, 1,500 reasoning and 600 answer tokens (2,000+ tokens, 1,500+ forwards):
+    """SSR with three drafts, 1,500 reasoning and 600 answer tokens, one token per reasoning step
+    (2,000+ tokens, 1,500+ forwards):
     the timeline streams (drawn while the run goes) and the page's main thread never freezes."""
     model = page.locator("#model input")
     model.fill(str(rambling_model))
@@ -636,7 +637,7 @@ def test_31_a_run_of_thousands_of_tokens_keeps_the_page_responsive(page, ramblin
     page.get_by_text("recommended settings").first.wait_for(timeout=60_000)
     page.get_by_text("SSR settings").click()
     for label, value in (("Max think", "1500"), ("Max answer", "600"), ("Number of drafts", "3"),
-                         ("Draft interval", "400"), ("Max draft", "300")):
+                         ("Draft interval", "400"), ("Max draft", "300"), ("Reasoning lookup", "0")):
         box = page.get_by_role("spinbutton", name=label, exact=True)
         box.fill("")
         box.press_sequentially(value, delay=100)

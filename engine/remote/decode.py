@@ -15,9 +15,10 @@ the greedy one); with nothing to verify it asks for the next token with a plain 
 reads the server's prefix cache. A verify re-prefills its prompt on the server (vLLM skips the
 prefix cache for ``prompt_logprobs``): the cost the proposal lengths face there.
 
-Not over a server (each refused with the reason): sampling in SSR (the server returns top-k
-log-probabilities, not the distributions speculative sampling needs), reasoning lookups
-(``think_spec``: rows with holes are an in-process cache layout) and exact mode.
+Not over a server: sampling in SSR (the server returns top-k log-probabilities, not the
+distributions speculative sampling needs) and exact mode, each refused with the reason; reasoning
+lookups (``think_spec``: rows with holes are an in-process cache layout, and a verify per
+reasoning step would be a round trip per step) are set aside, and the run's ``lookups`` says so.
 """
 
 from __future__ import annotations
@@ -85,6 +86,12 @@ def decode_remote_baseline(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iter
     yield rec.done()
 
 
+def lookups_set_aside(cfg: RunConfig) -> str:
+    """What a server run says of ``think_spec`` (reasoning lookups): set aside, with why."""
+    return ("off on a server: a lookup verified in the reasoning would be a request, a round trip, per step; "
+            f"Reasoning lookup {cfg.think_spec} applies in process") if cfg.think_spec else ""
+
+
 def decode_remote_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     """Yield the events of a greedy SSR run of ``prompt`` on the server."""
     markers = rm.require_markers()
@@ -93,11 +100,10 @@ def decode_remote_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[
     if not cfg.greedy:
         raise ValueError("SSR over a vLLM server is greedy only (temperature 0): verifying sampled tokens needs "
                          "the full distributions, and the server returns top-k log-probabilities")
-    if cfg.think_spec:
-        raise ValueError("think_spec (reasoning lookups) runs in process only: set it to 0 for a vLLM server")
     prompt_ids = rm.prompt_ids(prompt)
     rec = _recorder(rm, "ssr", prompt_ids)
     rec.stats.verify = "client-side: one verify request per proposal (the server does not speculate)"
+    rec.stats.lookups = lookups_set_aside(cfg)
     index = SuffixIndex(cfg.min_match)
     index.extend("prompt", prompt_ids)
     state = RemoteState(rm, cfg, rec, index, prompt_ids)

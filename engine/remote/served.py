@@ -34,7 +34,7 @@ from engine.config import RunConfig
 from engine.events import Event
 from engine.methods.budget import ThinkBudget
 from engine.methods.ssr.suffix_index import SuffixIndex
-from engine.remote.decode import RemoteState, _reason_and_fork, _recorder
+from engine.remote.decode import RemoteState, _reason_and_fork, _recorder, lookups_set_aside
 from engine.remote.model import RemoteModel
 from engine.remote.speculation import speculated_answer
 
@@ -44,11 +44,10 @@ def decode_served_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[
     markers = rm.require_markers()
     cfg.check_ssr()
     rm.begin_run(cfg.exact_mode)
-    if cfg.think_spec:
-        raise ValueError("think_spec (reasoning lookups) runs in process only: set it to 0 for a vLLM server")
     prompt_ids = rm.prompt_ids(prompt)
     rec = _recorder(rm, "ssr", prompt_ids)
     rec.stats.verify = f"on the server: its {rm.speculation} speculation (no client-side verify)"
+    rec.stats.lookups = lookups_set_aside(cfg)
     rec.stats.server_speculation = rm.speculation
     index = SuffixIndex(cfg.min_match)
     index.extend("prompt", prompt_ids)

@@ -146,10 +146,17 @@ class RowBatch:
 
     def _make_room(self, slots: int) -> None:
         """Shared forks: before a forward that appends ``slots`` beyond the cache's capacity, the
-        slots no row sees any more (rejected, padding) are compacted away."""
+        slots no row sees any more (rejected, padding) are compacted away; if that is not room
+        enough (more drafts live at once than the cache was sized for), every layer grows by an
+        eighth, or what the forward needs, copying the used slots once."""
         capacity = min((layer.capacity for layer in self.cache.slot_layers), default=None)  # a grown layer's too
-        if capacity is not None and self.length + slots > capacity and self.valid is not None:
+        if capacity is None or self.length + slots <= capacity:
+            return
+        if self.valid is not None:
             self._compact(self.valid.any(0))
+        if self.length + slots > capacity:
+            for layer in self.cache.slot_layers:
+                layer.reserve(max(self.length + slots, capacity + capacity // 8))
 
     def _compact(self, live: torch.Tensor) -> None:
         """Keep only the slots ``live`` (``[length]`` bool), in order (the cache's one buffer row)."""

@@ -159,10 +159,19 @@ class SlotLayer(CacheLayerMixin):
             buf[:1, :, : len(keep)] = buf[:1].index_select(2, keep)
         self.length = len(keep)
 
-    @torch.inference_mode()
     def _grow(self, need: int) -> None:
         """More slots than the run's budgets said (a caller without budgets): double, copy once."""
-        capacity = max(need, 2 * self.capacity)
+        self.reserve(max(need, 2 * self.capacity))
+
+    @torch.inference_mode()
+    def reserve(self, capacity: int) -> None:
+        """Room for at least ``capacity`` slots (the used ones copied once into a larger buffer)."""
+        assert not self.fixed, "a fixed cache's shape is its compiled step's"
+        if capacity <= self.capacity:
+            return
+        if not self.is_initialized:
+            self.capacity = capacity
+            return
         for name in ("_k", "_v"):
             old = getattr(self, name)
             new = old.new_zeros(*old.shape[:2], capacity, old.shape[-1])

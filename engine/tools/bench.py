@@ -199,6 +199,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--device", default=None, help="cuda, mps or cpu (default: CUDA, then MPS, then the CPU)")
     ap.add_argument("--random-weights", action="store_true",
                     help="build the preset's architecture offline with random weights (real per-token costs)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                    help="the weights' precision for every method (default: bfloat16 on a GPU, float32 on the CPU)")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--draft-model", default="tiny-reasoner-draft", help="RSD's draft model")
     ap.add_argument("--prm", default="tiny-prm", help="RSD's PRM: a math-shepherd-format model, a "
@@ -265,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         target_server = _server(args.base_url, args.api_key, args.served_model)
         if target_server is not None:
             target_server = dataclasses.replace(target_server, speculation=args.server_speculation)
-        lm = load_role(args.model, args.device, target_server, random_weights=args.random_weights, progress=_say)
+        lm = load_role(args.model, args.device, target_server, random_weights=args.random_weights, progress=_say,
+                       dtype=args.dtype)
         if isinstance(lm, RemoteModel):
             for m in methods:
                 decoder(m, lm)  # a method that does not run on a server says so now

@@ -55,6 +55,7 @@ from engine.methods.ssr.policy import ledger, plan
 from engine.methods.ssr.proposers import Draft, DraftPrefixProposer, Proposal, Proposer, SuffixProposer
 from engine.methods.ssr.rows import Row, RowStep
 from engine.methods.ssr.suffix_index import SuffixIndex
+from engine.methods.ssr.widths import Widths, costs
 from engine.runtime.batch import RowBatch, rotary, unshared
 from engine.runtime.cache import cache_mb
 from engine.runtime.probe import require
@@ -106,11 +107,15 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
     shared = bool(planned) and copied is None
     if shared:  # (slots, rows): one row, holding the main row's budgets and the drafts live at once
         main_slots = len(prompt_ids) + len(markers.close_ids) + cfg.max_think + cfg.max_answer + past_end
-        cache_size = main_slots + shared_slots(cfg, planned, len(markers.close_ids) + len(markers.tail_ids)), 1
-        if lm.context_length and cache_size[0] > lm.context_length and not rotary(lm.model.config):
-            # learned absolute positions: the model may keep buffers of its positions' size and index them by slot
-            shared, copied = False, (f"a shared cache would hold {cache_size[0]} slots, more than the model's "
-                                     f"{lm.context_length} positions")
+        opening = len(markers.close_ids) + len(markers.tail_ids)
+        cache_size = main_slots + shared_slots(cfg, planned, opening), 1
+        if lm.context_length and not rotary(lm.model.config):
+            # learned absolute positions: the model may keep buffers of its positions' size and index them by slot,
+            # so the cache is sized for the most drafts that can be live at once, and must fit them
+            cache_size = main_slots + shared_slots(cfg, planned, opening, per_step=1 + cfg.think_spec), 1
+            if cache_size[0] > lm.context_length:
+                shared, copied = False, (f"a shared cache would hold {cache_size[0]} slots, more than the model's "
+                                         f"{lm.context_length} positions")
     if not shared:  # every row holds the longest row's slots: the main row's, or the last draft's
         cache_size = capacity, 1 + planned
     rec = Recorder(lm.tokenizer, method, len(prompt_ids), lm.device)
@@ -189,6 +194,8 @@ class _State:
         self.ended = False  # the model ended the sequence inside its reasoning
         self.computed = 0
         self.forward_end = 0.0
+        self.costs = costs(lm, cfg)  # this model's forward costs by tokens computed (cost-aware lookup widths)
+        self.widths = Widths(self.costs)  # the main row's lookup widths in the reasoning
 
     def room(self) -> int | None:
         """The most tokens a proposal may hold this step (None: any): longrope's switch point."""
@@ -198,8 +205,10 @@ class _State:
     def verify(self, proposed: list[int], probs) -> tuple[int, int]:
         """Feed the unfed token(s) and ``proposed`` in one forward; keep what the verifier
         accepts in the cache. (Accepted count, the verifier's next token.)"""
+        t0 = self.rec.now()
         logits = self.batch.forward([self.unfed + proposed])[0, len(self.unfed) - 1 :]  # [k + 1, V]
         self.computed, self.forward_end = self.batch.last_tokens, self.rec.clock()
+        self.costs.record(self.computed, self.forward_end - t0)
         accepted, nxt = self.main.verify(logits, proposed, probs)
         self.batch.keep([len(self.unfed) + accepted])  # a crop, or a restore and re-read of what stays
         return accepted, nxt
@@ -242,12 +251,17 @@ def _reason_and_draft(s: _State, budget: SSRBudget, first_input: int) -> Iterato
         for r, row in enumerate(rows):
             mine = room if row.is_main else min(spec, cfg.max_draft - len(row.context) - 1)
             row.feed(mine if limits is None else min(mine, limits[r] - len(row.unfed)), one_token=spec == 0)
+            if row.is_main and row.proposal is not None:  # as many lookup tokens as pay (engine.methods.ssr.widths)
+                row.trim(s.widths.choose(len(row.proposal.tokens), len(row.unfed) + len(rows) - 1))
         # 3. forward: one over every row
         t0 = rec.now()
         logits = batch.forward([row.fed for row in rows])  # [rows, K, V]
         t1 = rec.clock()  # the forward's end (the host's verification after it is the loop's bookkeeping)
+        s.costs.record(batch.last_tokens, t1 - t0)
         # 4. verify and take: each row verifies its proposal; the batch keeps what each row took
         steps = [row.take(logits[r]) for r, row in enumerate(rows)]  # logits[r]: [K, V]
+        if steps[0].proposal is not None:
+            s.widths.observe(len(steps[0].proposal.tokens), steps[0].accepted)
         batch.keep([step.kept for step in steps])
         # 5. record: the forward (what each row took), the drafts' tokens, then the main row's (its own
         #    token forced at the budget). The drafts take theirs first: the budget sees them (an early exit
@@ -288,6 +302,7 @@ def _reason_and_draft(s: _State, budget: SSRBudget, first_input: int) -> Iterato
         if s.ended or forced or markers.closes_at(reasoning, len(reasoning) - 1):
             s.unfed = main.unfed  # the closing token(s), and the tail forced after them: phase B feeds them first
             break
+    rec.stats.lookups = s.widths.said()
     rec.stats.step_s_alone = _mean(step_times[False])
     rec.stats.step_s_drafting = _mean(step_times[True])
     # reasoning over: live drafts are frozen as they are; the main row goes on alone
@@ -334,18 +349,22 @@ def _draft_takes(s: _State, row: Row, step: RowStep, budget: SSRBudget) -> Itera
     row.unfed = [] if d.finished else step.tokens[-1:]
 
 
-def shared_slots(cfg: RunConfig, planned: int, opening: int) -> int:
+def shared_slots(cfg: RunConfig, planned: int, opening: int, per_step: int = 1) -> int:
     """The slots a run's drafts add to a shared cache (``engine.runtime.batch``, shared forks) at
-    most at once: a draft holds its opening (the main row's pending token, the marker and the
-    template tail: ``opening + 1``), its answer and a lookup behind it, and lives at most one step
-    per token it writes, in which the main row takes up to ``1 + think_spec`` tokens; so only the
-    drafts forked within one lifetime of each other are live together. Padding and rejected
-    slots no row sees are compacted away when room runs out (``RowBatch``), and a fork's padding
-    (every row padded to the new draft's opening) is room kept for them."""
+    most at once, as the cache is first sized: a draft holds its opening (the main row's pending
+    token, the marker and the template tail: ``opening + 1``), its answer and a lookup behind it,
+    and lives at most one step per token it writes, in which the main row takes at least one
+    token (``per_step``); drafts forked within one such lifetime of each other are live together. Padding and
+    rejected slots no row sees are compacted away when room runs out, and a fork's padding (every
+    row padded to the new draft's opening) is room kept for them. Where the main row's reasoning
+    lookups carry it further in a draft's life (up to ``1 + think_spec`` tokens a step), more
+    drafts can be live at once than sized for: the cache then grows (``RowBatch``), as the run
+    shows in its cache size, instead of holding that worst case (``per_step=1 + think_spec``)
+    from the start."""
     if not planned:
         return 0
     per_draft = opening + 1 + cfg.max_draft + cfg.think_spec
-    life = (cfg.max_draft + opening + 1) * (1 + cfg.think_spec)  # reasoning tokens a draft can live through
+    life = (cfg.max_draft + opening + 1) * per_step  # reasoning tokens a draft can live through
     forks = [fork_point(cfg, d) for d in range(planned)]
     live = max(sum(1 for g in forks if f <= g < f + life) for f in forks)
     return live * per_draft + (1 + live) * (opening + 1 + cfg.think_spec)

@@ -8,6 +8,7 @@ What a row's tokens *mean* (reasoning, or a draft's answer) is the loop's busine
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -60,6 +61,14 @@ class Row:
             self.proposal = self.lookup.propose(self.context, room) if room > 0 and len(self.unfed) == 1 else None
             self.fed = [*self.unfed, *(self.proposal.tokens if self.proposal else [])]
         return self.fed
+
+    def trim(self, k: int) -> None:
+        """Verify only the first ``k`` tokens of this step's proposal (0: none of it)."""
+        if self.proposal is not None and k < len(self.proposal.tokens):
+            p = self.proposal
+            self.proposal = dataclasses.replace(p, tokens=p.tokens[:k], probs=None if p.probs is None else p.probs[:k]) \
+                if k else None
+            self.fed = [*self.unfed, *(self.proposal.tokens if self.proposal else [])]
 
     def take(self, logits: torch.Tensor) -> RowStep:
         """Verify this step's proposal against the row's ``logits`` ``[K, V]`` (its feed, then

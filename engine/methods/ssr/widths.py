@@ -1,0 +1,124 @@
+"""Cost-aware lookup widths: the main reasoning row verifies as many lookup tokens as pay.
+
+A lookup proposal of ``k`` tokens rides behind the main row's next token, so its forward computes
+``k`` more tokens. On a GPU that is nearly free; on a CPU it is not (SmolLM2 in fp32 on 2 cores: a
+forward of 4 tokens costs about 1.5x one of 1, 9 tokens 1.9x). The step takes its own token plus
+the proposal's accepted prefix: verifying the first ``k`` tokens yields, in expectation,
+``1 + p1 + p1 p2 + ... + p1 ... pk`` tokens, for ``cost(n + k) / cost(n)`` of a step that would
+compute ``n`` tokens without them. :class:`Widths` verifies the ``k`` (0 .. what was proposed, at
+most ``think_spec``) with the most expected tokens per unit of cost, so a lookup that would not
+pay is not verified at all:
+
+* ``p_i``: how often the main row's lookups had their ``i``-th token accepted when the ``i - 1``
+  before it were, counted over this run's verifies (1/2 before any: a Beta(1, 1) prior);
+* ``cost(t)``: the median seconds of this model's forwards that computed ``t`` tokens (every SSR
+  forward's own timing, both phases, the last :data:`SAMPLES` per width), kept on the loaded
+  model per numerics route as the drafting ledger is (a width costs what the model, the device and
+  the route make it cost; the prompts do not change it). Between measured widths the cost is
+  interpolated; beyond the widest measured it is taken to be that width's (optimistic, so a
+  proposal that long is verified, and measured, once).
+
+Like the drafting policy (``engine.methods.ssr.policy``), nothing here changes a token: a verify
+of fewer tokens takes what a wider one would have, up to where it stops. ``RunStats.lookups``
+says in words what the run verified and what a wide forward cost.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+SAMPLES = 16  # forward timings kept per width
+
+
+@dataclass
+class Costs:
+    """Measured seconds of this model's forwards, by the tokens they computed."""
+
+    seconds: dict[int, deque] = field(default_factory=dict)
+
+    def record(self, tokens: int, seconds: float) -> None:
+        if tokens > 0 and seconds > 0:
+            self.seconds.setdefault(tokens, deque(maxlen=SAMPLES)).append(seconds)
+
+    def of(self, tokens: int) -> float | None:
+        """The cost of a forward of ``tokens``: measured, interpolated, or (past the widest measured)
+        that width's; None before any forward was measured."""
+        if not self.seconds:
+            return None
+        widths = sorted(self.seconds)
+        med = {w: statistics.median(self.seconds[w]) for w in widths}
+        if tokens in med:
+            return med[tokens]
+        i = bisect.bisect_left(widths, tokens)
+        if i == 0:
+            return med[widths[0]]
+        if i == len(widths):
+            return med[widths[-1]]
+        lo, hi = widths[i - 1], widths[i]
+        return med[lo] + (med[hi] - med[lo]) * (tokens - lo) / (hi - lo)
+
+
+def costs(lm, cfg) -> Costs:
+    """``lm``'s forward costs for ``cfg``'s numerics route (exact mode's route, compiled steps)."""
+    book = lm.__dict__.setdefault("_forward_costs", {})
+    return book.setdefault((cfg.exact_mode, cfg.compile), Costs())
+
+
+@dataclass
+class Widths:
+    """The main row's lookup widths in one run (see the module's rule)."""
+
+    costs: Costs
+    tries: list[int] = field(default_factory=list)  # per position: verifies that reached it
+    hits: list[int] = field(default_factory=list)  # per position: verifies that accepted it
+    proposed: int = 0  # lookup tokens proposed to the main row
+    verified: int = 0  # of them, verified
+    skipped: int = 0  # proposals not verified at all (no width paid)
+
+    def p(self, i: int) -> float:
+        """P(the ``i``-th token (0-based) is accepted | the ones before it were)."""
+        tries = self.tries[i] if i < len(self.tries) else 0
+        hits = self.hits[i] if i < len(self.hits) else 0
+        return (hits + 1) / (tries + 2)
+
+    def choose(self, proposed: int, others: int) -> int:
+        """How many of ``proposed`` lookup tokens to verify in a forward that computes ``others``
+        tokens without them (the main row's own, and the drafts' riding)."""
+        self.proposed += proposed
+        base = self.costs.of(others)
+        best, best_rate = proposed, 0.0
+        if base is not None:
+            best, best_rate = 0, 1.0  # verifying nothing: one token for the step's own cost
+            expected, reach = 1.0, 1.0
+            for k in range(1, proposed + 1):
+                reach *= self.p(k - 1)
+                expected += reach
+                rate = expected / (self.costs.of(others + k) / base)
+                if rate > best_rate:
+                    best, best_rate = k, rate
+        self.verified += best
+        self.skipped += best == 0
+        return best
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        """A verify of ``proposed`` tokens accepted the first ``accepted``."""
+        for i in range(min(proposed, accepted + 1)):
+            if i == len(self.tries):
+                self.tries.append(0)
+                self.hits.append(0)
+            self.tries[i] += 1
+            self.hits[i] += i < accepted
+
+    def said(self) -> str:
+        """The run's widths in words, with what a wide forward cost on this model."""
+        if not self.proposed:
+            return ""
+        one = self.costs.of(1)
+        wide = max(self.costs.seconds, default=1)
+        cost = f"; a {wide}-token forward cost {self.costs.of(wide) / one:.2f}x a 1-token one here" \
+            if one and wide > 1 else ""
+        return (f"verified {self.verified} of {self.proposed} lookup tokens proposed in the reasoning "
+                f"({self.skipped} proposals not at all: no width paid){cost}")

@@ -1,0 +1,133 @@
+"""Cost-aware lookup widths (engine.methods.ssr.widths): the controller's decisions on a scripted
+cost model, then end to end on the bundled model: greedy identity whatever the widths, the strip and
+the run log saying what was verified."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import RunConfig
+from engine.methods.baseline import decode_baseline
+from engine.methods.ssr.loop import decode_ssr
+from engine.methods.ssr.widths import Costs, Widths
+from engine.runtime.model import load_model
+from engine.tools.synthetic import EVAL_SEED_BASE, make_example
+
+
+class Scripted(Costs):
+    """A cost model that is told, not measured: forwards cost ``table[tokens]`` (interpolated)."""
+
+    def __init__(self, table: dict[int, float]) -> None:
+        super().__init__()
+        for tokens, seconds in table.items():
+            super().record(tokens, seconds)
+
+    def record(self, tokens: int, seconds: float) -> None:
+        pass
+
+
+def _accepting(widths: Widths, rate_first: int, of: int) -> None:
+    """``of`` verifies of one token, ``rate_first`` of them accepted."""
+    for i in range(of):
+        widths.observe(1, int(i < rate_first))
+
+
+def test_before_any_forward_is_measured_the_whole_proposal_is_verified():
+    assert Widths(Costs()).choose(6, 1) == 6
+
+
+def test_free_widths_verify_everything_proposed():
+    assert Widths(Scripted({1: 1.0, 16: 1.0})).choose(7, 1) == 7
+
+
+def test_a_lookup_that_cannot_pay_is_not_verified_at_all():
+    w = Widths(Scripted({1: 1.0, 2: 2.0, 8: 8.0}))  # every extra token costs a whole step
+    _accepting(w, rate_first=3, of=10)  # and a lookup's first token is accepted a third of the time
+    assert w.choose(5, 1) == 0
+    assert w.skipped == 1 and "1 proposals not at all" in w.said()
+
+
+def test_the_width_stops_where_acceptance_falls_below_the_cost_of_a_token():
+    # SmolLM2-like: 2 and 3 tokens nearly free, a cliff at 4 (the small-M matmul path)
+    w = Widths(Scripted({1: 1.0, 2: 1.05, 3: 1.14, 4: 1.6, 9: 2.0}))
+    for _ in range(20):  # first two positions almost always accepted, the third rarely
+        w.observe(4, 2)
+    assert w.p(0) > 0.9 and w.p(1) > 0.9 and w.p(2) < 0.1
+    assert w.choose(8, 1) == 2  # 1 + 2 tokens for 1.14x; a third costs 1.6x for almost nothing
+
+
+def test_drafts_riding_make_a_wide_verify_dearer_or_cheaper_by_what_the_step_computes_anyway():
+    table = {1: 1.0, 2: 1.05, 3: 1.14, 4: 1.6, 6: 1.8, 12: 2.2}
+    w = Widths(Scripted(table))
+    for _ in range(20):
+        w.observe(2, 1)  # the first token accepted always, the second never
+    alone = w.choose(2, 1)
+    assert alone == 1
+    assert w.choose(2, 3) == 1  # beside two drafts the step computes 3 tokens: the 4th still pays for one
+
+
+def test_costs_interpolate_and_hold_past_the_widest_measured():
+    c = Scripted({1: 1.0, 5: 3.0})
+    assert c.of(3) == pytest.approx(2.0) and c.of(9) == 3.0 and c.of(1) == 1.0
+
+
+def test_observe_counts_each_position_reached():
+    w = Widths(Costs())
+    w.observe(4, 2)  # positions 0 and 1 accepted, 2 reached and rejected, 3 never reached
+    assert w.tries == [1, 1, 1] and w.hits == [1, 1, 0]
+
+
+# ---------------------------------------------------------------- end to end on the bundled model
+
+PROMPTS = [make_example("classes", EVAL_SEED_BASE + i).prompt for i in range(2)]
+CFG = RunConfig(max_think=96, max_answer=48, draft_start=16, num_drafts=2, draft_interval=32, max_draft=32, think_spec=8,
+                drafting="always")
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return load_model("tiny-reasoner")
+
+
+def _tokens(events) -> list[int]:
+    return [e.token_id for e in events if getattr(e, "stream", None) in ("reasoning", "answer")]
+
+
+# dear: every token a forward computes costs 50x the forward without it, so no width pays beside any number of drafts
+DEAR = {n: 50.0 ** (n - 1) for n in range(1, 65)}
+
+
+@pytest.mark.parametrize("table, verified", [(DEAR, "verified 0 of"), ({1: 1.0, 64: 1.0}, None)], ids=["dear", "free"])
+def test_greedy_identity_whatever_the_widths(lm, table, verified):
+    lm._forward_costs = {(CFG.exact_mode, CFG.compile): Scripted(table)}
+    try:
+        for prompt in PROMPTS:
+            events = list(decode_ssr(lm, prompt, CFG))
+            assert _tokens(events) == _tokens(decode_baseline(lm, prompt, CFG))
+            said = events[-1].stats.lookups
+            assert said.startswith("verified")
+            if verified:
+                assert said.startswith(verified)
+                reasoning = [e for e in events if getattr(e, "stream", None) == "reasoning"]
+                assert not [e for e in reasoning if e.status == "recovered"], "a lookup token was taken unverified"
+            else:  # free widths: every token proposed is verified
+                n = said.split()[1], said.split()[3]
+                assert n[0] == n[1]
+    finally:
+        del lm._forward_costs
+
+
+def test_the_strip_and_the_log_say_what_was_verified(tmp_path, lm):
+    from engine.runlog import RunLog, RunMeta
+    from ssr_ui.export import logged_view
+    from ssr_ui.render import TraceView, metrics_html
+
+    log = RunLog(tmp_path / "runs.db")
+    view = TraceView(method="ssr")
+    for ev in log.record(decode_ssr(lm, PROMPTS[0], CFG), RunMeta("ssr", "tiny-reasoner", PROMPTS[0], CFG.to_dict())):
+        view.apply(ev)
+    row = log.runs(limit=1)[0]
+    assert row["lookups"] == view.stats.lookups and row["lookups"].startswith("verified")
+    for v in (view, logged_view(row, log.events(row["id"]))):
+        assert "reasoning lookups" in metrics_html(v, "SSR") and "lookup tokens proposed in the reasoning" in \
+            metrics_html(v, "SSR")
