@@ -193,7 +193,8 @@ def test_the_scaling_benchmark_reports_both_paths_side_by_side(tmp_path, capsys)
 
 @pytest.mark.parametrize("args, says", [(["--think", "0"], "--think takes whole numbers of at least 1"),
                                         (["--drafts", "two"], "--drafts takes whole numbers"),
-                                        (["--forks", "cloned"], "--forks takes shared and/or copied")])
+                                        (["--forks", "cloned"], "--forks takes shared and/or copied"),
+                                        (["--think-spec", "-1"], "--think-spec must be 0 or more")])
 def test_the_scaling_benchmark_refuses_bad_flags_by_name(tmp_path, capsys, args, says):
     from engine.tools.scaling import main
 

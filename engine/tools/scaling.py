@@ -1,7 +1,7 @@
 """Long reasoning: how SSR's cost grows with the length of the thinking, beside plain decoding.
 
     python -m engine.tools.scaling --model smollm2-135m-instruct --think 256,1024,2048 --drafts 1,4 \\
-        [--forks shared,copied] [--prompt TEXT] [--max-answer 128] [--repeat 1] --out scaling.json
+        [--forks shared,copied] [--prompt TEXT] [--max-answer 128] [--think-spec N] [--repeat 1] --out scaling.json
 
 For each reasoning budget (``--think``), one baseline run and, for each number of drafts and each
 way of holding the prefix (``--forks``: ``shared``, the drafts read the main row's cache; ``copied``,
@@ -173,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-answer", type=int, default=128)
     ap.add_argument("--draft-start", type=int, default=None, help="the first draft's fork (default: the model's)")
     ap.add_argument("--max-draft", type=int, default=None, help="tokens per draft (default: the model's)")
+    ap.add_argument("--think-spec", type=int, default=None,
+                    help="most lookup tokens a row verifies per reasoning step (default: the model's; 0: one token a step)")
     ap.add_argument("--repeat", type=int, default=1, help="rounds of every run (medians and ranges over them)")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     ap.add_argument("--device", default=None)
@@ -184,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         bad = [f for f in forks if f not in FORKS]
         if bad or not forks:
             raise ValueError(f"--forks takes {' and/or '.join(FORKS)}; got {args.forks!r}")
+        if args.think_spec is not None and args.think_spec < 0:
+            raise ValueError(f"--think-spec must be 0 or more; got {args.think_spec}")
         if args.repeat < 1:
             raise ValueError(f"--repeat must be at least 1; got {args.repeat}")
         if args.threads:
@@ -191,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 
             torch.set_num_threads(args.threads)
         settings = {k: v for k, v in (("max_answer", args.max_answer), ("draft_start", args.draft_start),
-                                      ("max_draft", args.max_draft)) if v is not None}
+                                      ("max_draft", args.max_draft), ("think_spec", args.think_spec)) if v is not None}
         lm = load_role(args.model, args.device)
         lm.require_markers()
         rows = rounds(lm, args.prompt, thinks, drafts, forks, settings, args.repeat, args.model)
