@@ -107,15 +107,14 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
     shared = bool(planned) and copied is None
     if shared:  # (slots, rows): one row, holding the main row's budgets and the drafts live at once
         main_slots = len(prompt_ids) + len(markers.close_ids) + cfg.max_think + cfg.max_answer + past_end
+        # learned absolute positions: the model may keep buffers of its positions' size and index them by slot, so
+        # the cache is sized for the most drafts that can be live at once (it must not grow), and must fit them
+        learned = bool(lm.context_length) and not rotary(lm.model.config)
         opening = len(markers.close_ids) + len(markers.tail_ids)
-        cache_size = main_slots + shared_slots(cfg, planned, opening), 1
-        if lm.context_length and not rotary(lm.model.config):
-            # learned absolute positions: the model may keep buffers of its positions' size and index them by slot,
-            # so the cache is sized for the most drafts that can be live at once, and must fit them
-            cache_size = main_slots + shared_slots(cfg, planned, opening, per_step=1 + cfg.think_spec), 1
-            if cache_size[0] > lm.context_length:
-                shared, copied = False, (f"a shared cache would hold {cache_size[0]} slots, more than the model's "
-                                         f"{lm.context_length} positions")
+        cache_size = main_slots + shared_slots(cfg, planned, opening, per_step=1 + cfg.think_spec if learned else 1), 1
+        if learned and cache_size[0] > lm.context_length:
+            shared, copied = False, (f"a shared cache would hold {cache_size[0]} slots, more than the model's "
+                                     f"{lm.context_length} positions")
     if not shared:  # every row holds the longest row's slots: the main row's, or the last draft's
         cache_size = capacity, 1 + planned
     rec = Recorder(lm.tokenizer, method, len(prompt_ids), lm.device)

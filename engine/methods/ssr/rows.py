@@ -58,17 +58,20 @@ class Row:
             self.proposal = None
             self.fed = self.unfed[:1]
         else:
-            self.proposal = self.lookup.propose(self.context, room) if room > 0 and len(self.unfed) == 1 else None
-            self.fed = [*self.unfed, *(self.proposal.tokens if self.proposal else [])]
+            self._propose(self.lookup.propose(self.context, room) if room > 0 and len(self.unfed) == 1 else None)
         return self.fed
 
     def trim(self, k: int) -> None:
         """Verify only the first ``k`` tokens of this step's proposal (0: none of it)."""
         if self.proposal is not None and k < len(self.proposal.tokens):
             p = self.proposal
-            self.proposal = dataclasses.replace(p, tokens=p.tokens[:k], probs=None if p.probs is None else p.probs[:k]) \
-                if k else None
-            self.fed = [*self.unfed, *(self.proposal.tokens if self.proposal else [])]
+            self._propose(dataclasses.replace(p, tokens=p.tokens[:k], probs=None if p.probs is None else p.probs[:k])
+                          if k else None)
+
+    def _propose(self, proposal: Proposal | None) -> None:
+        """This step's proposal, fed after the unfed tokens."""
+        self.proposal = proposal
+        self.fed = [*self.unfed, *(proposal.tokens if proposal else [])]
 
     def take(self, logits: torch.Tensor) -> RowStep:
         """Verify this step's proposal against the row's ``logits`` ``[K, V]`` (its feed, then

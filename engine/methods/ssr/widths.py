@@ -38,18 +38,23 @@ class Costs:
     """Measured seconds of this model's forwards, by the tokens they computed."""
 
     seconds: dict[int, deque] = field(default_factory=dict)
+    medians: dict[int, float] = field(default_factory=dict)  # per width, kept as its timings come
+    widths: list[int] = field(default_factory=list)  # the widths measured, in order
 
     def record(self, tokens: int, seconds: float) -> None:
         if tokens > 0 and seconds > 0:
-            self.seconds.setdefault(tokens, deque(maxlen=SAMPLES)).append(seconds)
+            if tokens not in self.seconds:
+                bisect.insort(self.widths, tokens)
+            kept = self.seconds.setdefault(tokens, deque(maxlen=SAMPLES))
+            kept.append(seconds)
+            self.medians[tokens] = statistics.median(kept)
 
     def of(self, tokens: int) -> float | None:
         """The cost of a forward of ``tokens``: measured, interpolated, or (past the widest measured)
         that width's; None before any forward was measured."""
-        if not self.seconds:
+        if not self.widths:
             return None
-        widths = sorted(self.seconds)
-        med = {w: statistics.median(self.seconds[w]) for w in widths}
+        widths, med = self.widths, self.medians
         if tokens in med:
             return med[tokens]
         i = bisect.bisect_left(widths, tokens)
@@ -117,7 +122,7 @@ class Widths:
         if not self.proposed:
             return ""
         one = self.costs.of(1)
-        wide = max(self.costs.seconds, default=1)
+        wide = self.costs.widths[-1] if self.costs.widths else 1
         cost = f"; a {wide}-token forward cost {self.costs.of(wide) / one:.2f}x a 1-token one here" \
             if one and wide > 1 else ""
         return (f"verified {self.verified} of {self.proposed} lookup tokens proposed in the reasoning "
