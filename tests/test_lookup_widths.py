@@ -131,3 +131,23 @@ def test_the_strip_and_the_log_say_what_was_verified(tmp_path, lm):
     for v in (view, logged_view(row, log.events(row["id"]))):
         assert "reasoning lookups" in metrics_html(v, "SSR") and "lookup tokens proposed in the reasoning" in \
             metrics_html(v, "SSR")
+
+
+def test_early_exit_verifies_every_proposal_whole_whatever_the_costs(lm):
+    """ssr-exit checks its drafts at step ends, so widths that followed the measured costs would move
+    where (and whether) it exits from one run of a prompt to the next: it verifies every proposal whole,
+    and two runs on opposite cost models are the same run, event for event."""
+    from engine.registry import decoder
+
+    cfg = CFG.replace(exit_k=2, exit_confidence=0, num_drafts=4, draft_interval=8)
+    runs = []
+    for table in (DEAR, {1: 1.0, 64: 1.0}):
+        lm._forward_costs = {(cfg.exact_mode, cfg.compile): Scripted(table)}
+        try:
+            events = list(decoder("ssr-exit", lm)(PROMPTS[0], cfg))
+        finally:
+            del lm._forward_costs
+        said = events[-1].stats.lookups.split()
+        assert said[1] == said[3], "a proposal was trimmed"
+        runs.append([(e.stream, e.status, e.token_id) for e in events if getattr(e, "stream", None)])
+    assert runs[0] == runs[1]

@@ -128,7 +128,8 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
     index = SuffixIndex(cfg.min_match)
     index.extend("prompt", prompt_ids)
     state = _State(lm, cfg, rec, index, Chooser(cfg.temperature, cfg.top_p, cfg.seed),
-                   Chooser(cfg.temperature, cfg.top_p, cfg.seed + 1), cache_size, planned)
+                   Chooser(cfg.temperature, cfg.top_p, cfg.seed + 1), cache_size, planned,
+                   widths_by_cost=budget_class is SSRBudget)
     budget = budget_class(markers, cfg, state)
     yield rec.phase("prefill")
     if len(prompt_ids) > 1:  # the last prompt token is the main row's first input in phase A
@@ -180,7 +181,8 @@ class SSRState(Protocol):
 class _State:
     """What the two phases share: the model, one cache and its rows, the drafts, the choosers."""
 
-    def __init__(self, lm, cfg, rec, index, main, drafter, capacity: tuple[int, int], planned: int) -> None:
+    def __init__(self, lm, cfg, rec, index, main, drafter, capacity: tuple[int, int], planned: int,
+                 widths_by_cost: bool = True) -> None:
         self.lm, self.cfg, self.rec, self.index = lm, cfg, rec, index
         self.eos_ids = lm.eos_ids
         self.main, self.drafter = main, drafter
@@ -194,7 +196,7 @@ class _State:
         self.computed = 0
         self.forward_end = 0.0
         self.costs = costs(lm, cfg)  # this model's forward costs by tokens computed (cost-aware lookup widths)
-        self.widths = Widths(self.costs)  # the main row's lookup widths in the reasoning
+        self.widths = Widths(self.costs, widths_by_cost)  # the main row's lookup widths in the reasoning
 
     def room(self) -> int | None:
         """The most tokens a proposal may hold this step (None: any): longrope's switch point."""

@@ -18,8 +18,11 @@ pay is not verified at all:
   interpolated; beyond the widest measured it is taken to be that width's (optimistic, so a
   proposal that long is verified, and measured, once).
 
-Like the drafting policy (``engine.methods.ssr.policy``), nothing here changes a token: a verify
-of fewer tokens takes what a wider one would have, up to where it stops. ``RunStats.lookups``
+Like the drafting policy (``engine.methods.ssr.policy``), nothing here changes a token of SSR: a
+verify of fewer tokens takes what a wider one would have, up to where it stops. Also like it, only
+plain SSR chooses by cost: a method built on the loop whose output depends on where its steps
+fall (early exit) verifies every proposal whole (``Widths.by_cost``), so its output does not follow
+the machine's timings. ``RunStats.lookups``
 says in words what the run verified and what a wide forward cost.
 """
 
@@ -77,6 +80,10 @@ class Widths:
     """The main row's lookup widths in one run (see the module's rule)."""
 
     costs: Costs
+    # False: every proposal is verified whole (up to think_spec), whatever it costs. For a method whose output
+    # depends on where its steps fall (early exit checks its drafts at step ends): widths chosen by measured
+    # timings would make its lossy output differ from one run of the same prompt to the next
+    by_cost: bool = True
     tries: list[int] = field(default_factory=list)  # per position: verifies that reached it
     hits: list[int] = field(default_factory=list)  # per position: verifies that accepted it
     proposed: int = 0  # lookup tokens proposed to the main row
@@ -93,7 +100,7 @@ class Widths:
         """How many of ``proposed`` lookup tokens to verify in a forward that computes ``others``
         tokens without them (the main row's own, and the drafts' riding)."""
         self.proposed += proposed
-        base = self.costs.of(others)
+        base = self.costs.of(others) if self.by_cost else None
         best, best_rate = proposed, 0.0
         if base is not None:
             best, best_rate = 0, 1.0  # verifying nothing: one token for the step's own cost
