@@ -18,6 +18,7 @@ from functools import partial
 
 from engine.config import RunConfig
 from engine.events import DoneEvent, Event
+from engine.llamacpp.model import LlamaModel
 from engine.methods.baseline import decode_baseline
 from engine.methods.budget import budget_cut
 from engine.methods.exit.budget import METHOD as EXIT
@@ -75,9 +76,20 @@ def not_on_a_server(name: str) -> str | None:
     return None
 
 
-def decoder(name: str, target: LoadedModel | RemoteModel, draft: LoadedModel | None = None, scorer=None) -> Decoder:
+def not_on_llama(name: str) -> str | None:
+    """Why method ``name`` cannot run on the llama.cpp runtime, or None where it can."""
+    if name in ("hf", "hf-pld", "hf-static"):
+        return (f"method {name!r} is transformers' own generate(), which the llama.cpp runtime does not run (a GGUF file "
+                "there has no transformers module): run it on the transformers runtime; the bench compares with "
+                "llama.cpp's own generation instead")
+    return None
+
+
+def decoder(name: str, target: LoadedModel | LlamaModel | RemoteModel, draft=None, scorer=None) -> Decoder:
     check_method(name)
     if isinstance(target, RemoteModel) and (why := not_on_a_server(name)):
+        raise ValueError(why)
+    if isinstance(target, LlamaModel) and (why := not_on_llama(name)):
         raise ValueError(why)
     if isinstance(target, RemoteModel) and name == "ssr" and target.speculation:
         run = partial(decode_served_ssr, target)  # the server speculates from the drafts: no client-side verify

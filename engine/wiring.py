@@ -14,6 +14,8 @@ import functools
 from dataclasses import dataclass
 
 from engine.config import RunConfig, fit_budgets
+from engine.llamacpp.model import RUNTIME as LLAMA
+from engine.llamacpp.model import LlamaModel, load_llama
 from engine.methods.rsd.loop import check_pair
 from engine.methods.rsd.prm import MathShepherdScorer, QwenMathPRMScorer
 from engine.presets import recommended_settings
@@ -67,14 +69,35 @@ def declared_context(model: str) -> int | None:
     return context_positions(config)  # as the loaded model will check its runs against
 
 
+RUNTIMES = ("transformers", LLAMA)  # what runs a model in process: torch and transformers, or llama.cpp (a GGUF file)
+
+
+def check_runtime(runtime: str | None, server: object = None, device: str | None = None, dtype: str | None = None,
+                  random_weights: bool = False) -> None:
+    """ValueError where ``runtime`` is unknown or cannot go with the other settings asked for."""
+    if runtime in (None, "transformers"):
+        return
+    if runtime != LLAMA:
+        raise ValueError(f"unknown runtime {runtime!r}; choose from {', '.join(RUNTIMES)}")
+    for given, what in ((server, "a vLLM server (--base-url)"), (dtype, "--dtype (the GGUF file's quantization is used)"),
+                        (random_weights, "--random-weights"), (device not in (None, "cpu"), f"--device {device}")):
+        if given:
+            raise ValueError(f"the llama.cpp runtime runs a GGUF file in process, on its own build's devices: drop {what}")
+
+
 def load_role(name: str, device: str | None = None, server: Server | None = None, target=None,
               random_weights: bool = False, progress: Progress | None = None,
-              dtype: str | None = None) -> LoadedModel | RemoteModel:
+              dtype: str | None = None, runtime: str | None = None,
+              threads: int | None = None) -> LoadedModel | LlamaModel | RemoteModel:
     """The model ``name`` for one role: on its ``server`` if it has one, else in process (with
-    random weights when asked: the architecture's real per-token cost, offline). A draft (given
-    its ``target``) must share the target's tokenizer. ``progress`` hears how a load goes (a GGUF
-    file's first conversion)."""
-    if server is not None:
+    random weights when asked: the architecture's real per-token cost, offline), on ``runtime``
+    (``transformers``, the default, or ``llama.cpp``: a GGUF file on ``threads`` threads). A draft
+    (given its ``target``) must share the target's tokenizer. ``progress`` hears how a load goes
+    (a GGUF file's first conversion)."""
+    check_runtime(runtime, server, device, dtype, random_weights)
+    if runtime == LLAMA:
+        lm = load_llama(name, threads, progress)
+    elif server is not None:
         lm = connect(name, server.base_url, server.api_key, server.served_name, transport=server.transport,
                      speculation=server.speculation)
     elif random_weights:

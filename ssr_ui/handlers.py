@@ -24,8 +24,11 @@ import time
 from collections.abc import Iterator
 
 from engine.config import RunConfig, number
+from engine.llamacpp import lib as llama_lib
+from engine.llamacpp.model import RUNTIME as LLAMA
 from engine.methods.exit.budget import METHOD as EXIT
 from engine.methods.rsd.loop import check_pair
+from engine.methods.seams import StepModel
 from engine.methods.ssr.policy import kept_apart
 from engine.presets import provenance, recommended_settings, with_exit_probes
 from engine.registry import LOSSY, SSR_LOOP, decoder, not_on_a_server
@@ -71,6 +74,19 @@ def _interval(view: TraceView) -> float:
     return max(1.0 / UPDATES_PER_S, tokens / 20_000)
 
 
+def runtime_of(value: str | None) -> str:
+    """The runtime a run asked for: "" (transformers, the default) or "llama.cpp" (ValueError for
+    anything else, and for llama.cpp where llama-cpp-python is not installed, saying how to get it)."""
+    value = (value or "").strip()
+    if value in ("", "transformers"):
+        return ""
+    if value != LLAMA:
+        raise ValueError(f"unknown runtime {value!r}; choose transformers or {LLAMA}")
+    if why := llama_lib.missing():
+        raise ValueError(f"the {LLAMA} runtime is not available here: {why}")
+    return value
+
+
 class Studio(ModelShelf, PastRuns, BenchmarkRuns):
     """The studio behind the page: its models (:class:`~ssr_ui.shelf.ModelShelf`), the runs it
     streams (here: a run, a comparison, a sweep), its past runs (:class:`~ssr_ui.history.PastRuns`),
@@ -104,7 +120,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         ticket = Ticket()
         for words in self.line.wait(ticket, lambda: job.cancelled):
             yield note(words)
-        if ticket.held and self.public.on and isinstance(lm, LoadedModel):
+        if ticket.held and self.public.on and lm is not None and not isinstance(lm, RemoteModel):
             apart = kept_apart(lm, self._ledgers.setdefault((self.visitor(job.session), model), {}))
             apart.__enter__()
             ticket.undo.append(lambda: apart.__exit__(None, None, None))
@@ -154,6 +170,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         if method not in MODES:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(MODES)}")
         self.vet(model_name, draft_model, prm)
+        runtime = runtime_of(settings.pop("runtime", ""))
         cfg = self.config(model_name, **settings)
         compare = method == "Compare"
         runs = list(COMPARE_RUNS) if compare else [method]
@@ -172,10 +189,11 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         except ValueError as err:
             cannot(ssr_family, err)
         model_name = (model_name or self.default_model).strip()
-        yield Frame.note(f"loading {model_name}…")
-        for status in self.loading(model_name):  # a first load (a GGUF file's conversion) says how it goes
-            yield Frame.note(f"loading {model_name}… {status}")
-        lm = self.model(model_name)
+        on = f" on {runtime}" if runtime else ""
+        yield Frame.note(f"loading {model_name}{on}…")
+        for status in self.loading(model_name, runtime=runtime):  # a first load (a GGUF file's conversion) says how it goes
+            yield Frame.note(f"loading {model_name}{on}… {status}")
+        lm = self.model(model_name, runtime)
         for name in runs if isinstance(lm, RemoteModel) else []:  # early exit, the ablation: in process only
             if why := not_on_a_server(METHOD_NAMES[name]):
                 cannot([name], ValueError(why))
@@ -360,7 +378,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             out["flops_ratio"] = done.stats.flops / statistics.median(base_flops)
         exited = run["method"] in LOSSY and done.stats.exit_at is not None  # it parts from baseline by design there
         if cfg.greedy and not exited and getattr(done, "reasoning_ids", None) is not None:  # token by token
-            out["agreement"] = agreement(lm if isinstance(lm, LoadedModel) else None, run["prompt"], base_ids(),
+            out["agreement"] = agreement(lm if isinstance(lm, StepModel) else None, run["prompt"], base_ids(),
                                          done.reasoning_ids + done.answer_ids)
         return out
 

@@ -20,6 +20,7 @@ import gradio as gr
 from engine.benchmarks.problems import BUNDLED_SETS, TASKS
 from engine.benchmarks.problems import PRESETS as DATASET_PRESETS
 from engine.config import DRAFTING, LABELS, RunConfig, number, rule
+from engine.llamacpp import lib as llama_lib
 from engine.methods.rsd.acceptance import WEIGHTINGS
 from engine.presets import BUNDLED, PRESETS, with_exit_probes
 from engine.registry import METHODS
@@ -31,6 +32,7 @@ from engine.runtime.fixed import SHAPE as FIXED_SHAPE
 from engine.runtime.gguf import REGISTRY as GGUF_REGISTRY
 from engine.runtime.gguf import installed
 from engine.tools.synthetic import EVAL_SEED_BASE, make_example
+from engine.wiring import RUNTIMES
 from ssr_ui import charts
 from ssr_ui.benchmark import BENCH_METHODS, RUN_COLUMNS
 from ssr_ui.benchmark import MAX_ROWS as BENCH_MAX_ROWS
@@ -91,6 +93,18 @@ def model_choices(default_model: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def runtime_choices() -> list[str]:
+    """The runtimes the Runtime box offers: llama.cpp only where llama-cpp-python imports."""
+    return list(RUNTIMES) if llama_lib.missing() is None else [RUNTIMES[0]]
+
+
+def runtime_info() -> str:
+    if llama_lib.missing() is None:
+        return ("transformers: torch, any model; llama.cpp: a GGUF file (a registry model, a .gguf path) on "
+                "llama.cpp's own kernels (docs/BENCHMARKS.md 'llama.cpp')")
+    return f"llama.cpp is not installed here: {llama_lib.INSTALL}"
+
+
 def _api_signature(cfg, settings: dict, models: dict):
     """Give the generator ``fn(request, prompt, ..., **settings)`` the signature Gradio builds its
     API from: after ``fn``'s own parameters, one per entry of ``settings`` in its order, its default
@@ -144,6 +158,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                                         info="the models this shared studio offers" if studio.public.on else
                                              "bundled, an installed real model, a preset, or type a local folder, "
                                              "a Hub id, a .gguf file or HUB_ID:FILE.gguf"))  # a shared studio's vet names it
+                    runtime = gr.Radio(runtime_choices(), value=RUNTIMES[0], label="Runtime", elem_id="runtime",
+                                       info=runtime_info())
                     with gr.Row():
                         run_btn = gr.Button("Run", variant="primary")
                         stop_btn = gr.Button("Stop", variant="stop", interactive=False, elem_id="stop")
@@ -367,8 +383,9 @@ def build_app(studio: Studio) -> gr.Blocks:
                         "weight_param": weight_param, "think_spec": think_spec, "exact": exact,
                         "exact_route": exact_route, "draft_confidence": draft_confidence, "compile": compile_steps,
                         "exit_k": exit_k, "exit_min_think": exit_min_think, "exit_confidence": exit_confidence,
-                        "drafting": drafting}
-        models = {"draft_model": "", "prm": ""}  # not RunConfig fields: "" means the studio's default
+                        "drafting": drafting, "runtime": runtime}
+        # not RunConfig fields: "" means the studio's default (the runtime's: transformers)
+        models = {"draft_model": "", "prm": "", "runtime": ""}
 
         @contextlib.contextmanager
         def job_of(request: gr.Request):
@@ -391,7 +408,8 @@ def build_app(studio: Studio) -> gr.Blocks:
             with job_of(request) as job:
                 if job is None:  # Gradio restarting a job that already ran: never run it twice
                     return
-                for frame in studio.run(prompt, method, model, roles["draft_model"], roles["prm"], job=job, **settings):
+                for frame in studio.run(prompt, method, model, roles["draft_model"], roles["prm"], job=job,
+                                        runtime=roles["runtime"], **settings):
                     *panes, fig = frame.as_tuple()
                     runs = gr.update(visible=False)
                     if frame.runs:

@@ -12,10 +12,16 @@ import threading
 import time
 from collections.abc import Iterator
 
+from engine.llamacpp.model import RUNTIME as LLAMA
 from engine.remote.model import RemoteModel
 from engine.runtime.model import LoadedModel, ModelLoadError
 from engine.runtime.probe import capabilities
-from engine.wiring import Server, load_role, load_scorer
+from engine.wiring import RUNTIMES, Server, check_runtime, load_role, load_scorer
+
+
+def shelf_key(name: str, runtime: str = "") -> str:
+    """The name a model is kept under on a runtime (the same file on llama.cpp is another model)."""
+    return name if runtime in ("", RUNTIMES[0]) else f"{name} · {runtime}"
 
 
 class ModelShelf:
@@ -91,13 +97,13 @@ class ModelShelf:
         finally:
             self._load_lock.release()
 
-    def model(self, name: str) -> LoadedModel | RemoteModel:
+    def model(self, name: str, runtime: str = "") -> LoadedModel | RemoteModel:
         """A model by name, loaded once: on its vLLM server when the app was given one for it,
-        else in process."""
+        else in process, on ``runtime`` (transformers, the default, or llama.cpp)."""
         name = (name or self.default_model).strip()
-        return self._loaded(name, self._models, self._model_loader(name))
+        return self._loaded(shelf_key(name, runtime), self._models, self._model_loader(name, runtime))
 
-    def loading(self, name: str, poll_s: float = 0.5) -> Iterator[str]:
+    def loading(self, name: str, poll_s: float = 0.5, runtime: str = "") -> Iterator[str]:
         """Load the model ``name`` (as :meth:`model`) if it is not loaded yet, yielding a status
         line every ``poll_s`` seconds until it is (see :meth:`_loading`): how long it has taken and
         what the load last reported, e.g. "12 s · converting SmolLM2-135M-Instruct.Q4_1.gguf:
@@ -106,16 +112,21 @@ class ModelShelf:
         probe)" or "loaded; capabilities from the probe cached on ...". Then :meth:`model` returns
         it at once; a load that fails raises here."""
         name = (name or self.default_model).strip()
-        yield from self._loading(name, self._models, self._model_loader(name), poll_s)
+        yield from self._loading(shelf_key(name, runtime), self._models, self._model_loader(name, runtime), poll_s)
 
-    def _model_loader(self, name: str):
+    def _model_loader(self, name: str, runtime: str = ""):
+        key = shelf_key(name, runtime)
+        if runtime == LLAMA:  # a server's model, a device, are the transformers runtime's: refused here by name
+            check_runtime(runtime, self.servers.get(name), self.device if self.device != "cpu" else None)
+
         def progress(message: str) -> None:  # called from the load's thread: the latest message is kept
-            self.load_messages[name] = message
+            self.load_messages[key] = message
 
         def load():
-            lm = load_role(name, self.device, self.servers.get(name), progress=progress)
-            if isinstance(lm, LoadedModel):  # no warm-up here: each kind of run is warmed before its first (warm)
-                self.load_messages[name] = f"loaded; {capabilities(lm).provenance}"
+            lm = load_role(name, self.device if runtime != LLAMA else None, self.servers.get(name) if runtime != LLAMA
+                           else None, progress=progress, runtime=runtime or None)
+            if not isinstance(lm, RemoteModel):  # no warm-up here: each kind of run is warmed before its first (warm)
+                self.load_messages[key] = f"loaded; {capabilities(lm).provenance}"
                 lm.max_cache_bytes = self.max_cache_bytes
             return lm
 

@@ -96,11 +96,15 @@ RULES = [  # (importer prefix, forbidden prefix, why)
     ("engine.methods", "engine.registry", "the registry composes the methods, not the reverse"),
     ("engine.runtime", "engine.methods", "the runtime sits under the methods"),
     ("engine.runtime", "engine.remote", "the runtime is in process"),
+    ("engine.runtime", "engine.llamacpp", "the torch runtime and the llama.cpp runtime sit side by side"),
+    ("engine.methods", "engine.llamacpp", "a method never imports a backend: the registry hands it one"),
+    ("engine.llamacpp", "engine.methods", "a runtime sits under the methods"),
+    ("engine.llamacpp", "engine.remote", "the llama.cpp runtime is in process"),
     ("engine.runtime", "engine.tools", "the runtime never imports a tool"),
 ]
 
 
-BACKENDS = ("LoadedModel", "RemoteModel", "load_model", "random_weights_model", "connect")
+BACKENDS = ("LoadedModel", "RemoteModel", "LlamaModel", "load_model", "random_weights_model", "connect", "load_llama")
 
 
 def test_methods_see_models_through_the_seams():
@@ -124,6 +128,7 @@ def _parameters(fn) -> list[str]:
 
 @pytest.mark.parametrize("backend, seam", [
     ("engine.runtime.model:LoadedModel", "StepModel"),
+    ("engine.llamacpp.model:LlamaModel", "StepModel"),
     ("engine.remote.model:RemoteModel", "ModelBackend"),
 ])
 def test_backends_fit_the_seams(backend, seam):

@@ -17,9 +17,9 @@ from engine.benchmarks.problems import Problem
 from engine.config import RunConfig
 from engine.events import DoneEvent, Event
 from engine.methods.rsd.loop import RSD_METHODS
+from engine.methods.seams import StepModel
 from engine.registry import LOSSY, SINGLE_MODEL, decoder
 from engine.runlog import RunLog, RunMeta, prompt_hash
-from engine.runtime.model import LoadedModel
 from engine.tools.agreement import agreement
 
 # the studio wraps each run's events (its job's claim on the run's end): (events, last run) -> events
@@ -94,7 +94,7 @@ class Bench:
                         return
                     base = run["answer_text"] if m == "baseline" else base
                     batch.append(run)
-                if self.cfg.greedy and isinstance(self.models["target"], LoadedModel):  # agreement reads logits here
+                if self.cfg.greedy and isinstance(self.models["target"], StepModel):  # agreement reads logits here (in process)
                     add_agreement(self.models["target"], problem.prompt, batch, self.cfg.max_think)
                 yield from batch
 

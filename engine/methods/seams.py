@@ -5,9 +5,11 @@
   and what its stats report. ``engine.runtime.model.LoadedModel`` (in process) and
   ``engine.remote.model.RemoteModel`` (a vLLM server) both provide it.
 * :class:`StepModel`: what the in-process loops also need: forwards on caches they own (through
-  the runtime's ``CachedModel`` and ``RowBatch``), rollbacks, and the transformers module itself
-  for the peers that call its ``generate``. Only ``LoadedModel`` provides it; the remote loops
-  (``engine.remote.decode``) stream and verify through their server instead.
+  the runtime's ``CachedModel`` and the model's row batches), rollbacks, and the transformers
+  module itself for the peers that call its ``generate``. ``LoadedModel`` (torch) and
+  ``engine.llamacpp.model.LlamaModel`` (llama.cpp; no transformers module: the peers are refused
+  there) provide it; the remote loops (``engine.remote.decode``) stream and verify through their
+  server instead.
 
 The composition root (``engine.registry``) pairs a method with a backend; no method imports one.
 ``tests/test_architecture.py`` checks both classes against these declarations.
@@ -77,8 +79,21 @@ class StepModel(ModelBackend, Protocol):
         """Logits ``[B, T, V]`` for ``input_ids`` ``[B, T]`` appended to a cache of ``start`` slots."""
         ...
 
-    def step_logits(self, tokens: list[int], cache: Any, start: int) -> torch.Tensor:
-        """Logits ``[T, V]`` for one row's ``tokens`` appended to ``cache``."""
+    learned_positions: bool  # positions are learned and bounded: a cache whose forks share the prefix must fit them
+    forks_stay: bool  # a departed row's slots stay in the cache until the run ends (a shared cache holds every draft's)
+
+    def step_logits(self, tokens: list[int], cache: Any, start: int, last_only: bool = False) -> torch.Tensor:
+        """Logits ``[T, V]`` for one row's ``tokens`` appended to ``cache`` (``[1, V]`` with ``last_only``)."""
+        ...
+
+    def row_batch(self, cache: Any, length: int, ids: list[int] | None = None, shared: bool = False) -> Any:
+        """The rows of ``cache``, one row holding ``length`` tokens (``ids``), as
+        ``engine.runtime.batch.RowBatch``'s contract gives them: ``fork``, ``limits``, ``forward``,
+        ``keep``, ``select``, ``rows``, ``positions``, ``last_tokens``; ``shared``: forks share the prefix."""
+        ...
+
+    def unshared(self) -> str | None:
+        """Why a run's drafts must each copy the prefix instead of sharing it (None: they can share it)."""
         ...
 
     def rewind(self, cache: Any, ckpt: Checkpoint, kept: list[int]) -> None:

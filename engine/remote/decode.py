@@ -147,6 +147,9 @@ class RemoteState:
         self.seq += self.unfed + proposed[:accepted]
         return accepted, nxt
 
+    def answer_widths(self, label: str) -> None:
+        """Every proposal is verified whole: the server verifies in its own kernels (no forward costs here)."""
+
 
 def _reason_and_fork(s: RemoteState, budget: ThinkBudget, drafts_stop: threading.Event | None = None,
                      finish_drafts: bool = False) -> Iterator[Event]:

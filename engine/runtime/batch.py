@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 
 from engine.runtime.cache import checkpoint, compact, crop, take_rows
-from engine.runtime.model import LoadedModel
 
 
 class RowBatch:
-    """The rows of one batch in one shared cache. Row 0 is the row the others fork from.
+    """The rows of one batch in one shared cache, on a ``LoadedModel`` (``lm``, which makes them:
+    ``LoadedModel.row_batch``). Row 0 is the row the others fork from.
 
     Contract:
 
@@ -58,7 +58,7 @@ class RowBatch:
         batch.select([0])                         # row 0 alone: its holes are compacted away
     """
 
-    def __init__(self, lm: LoadedModel, cache, length: int, ids: list[int] | None = None, shared: bool = False) -> None:
+    def __init__(self, lm, cache, length: int, ids: list[int] | None = None, shared: bool = False) -> None:
         self.lm, self.cache, self.device = lm, cache, lm.device
         self.shared = shared  # rows share one buffer row (the class docstring's shared forks)
         self.length = length  # slots in the cache, holes included
@@ -242,7 +242,7 @@ class RowBatch:
 MASKED_ATTENTION = ("sdpa", "eager")  # attention functions that take a 4-D mask as it is (shared forks need one)
 
 
-def unshared(lm: LoadedModel) -> str | None:
+def unshared(lm) -> str | None:
     """Why this run's rows cannot share the prefix (:class:`RowBatch`'s shared forks) on ``lm``, in
     words; None where they can. Shared forks need a slot to be one position of one row, masks that
     hide slots (the capability probe's holes and shared-forks checks), k-token forwards, eager steps

@@ -70,7 +70,8 @@ class CachedModel:
         if self.lm.rope.crosses(self.length, self.length + len(tokens)):  # re-encode all, as generate() does
             fed, at = self.ids + tokens, 0
             self._empty()
-        logits = self.lm.step_logits(fed, self.cache, at)[len(fed) - len(tokens):]  # [T, V]
+        logits = self.lm.step_logits(fed, self.cache, at, last_only=not all_logits)  # [T, V], or [1, V]
+        logits = logits[len(fed) - len(tokens):] if all_logits else logits
         if logits.device.type == "cuda":  # the forward's end, not its launch
             torch.cuda.synchronize(logits.device)
         end = time.perf_counter()

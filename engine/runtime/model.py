@@ -20,6 +20,7 @@ import torch
 
 from engine.presets import BUNDLED, BUNDLED_DIR, PRESETS, Preset
 from engine.runtime import attention, fixed
+from engine.runtime.batch import RowBatch, rotary, unshared
 from engine.runtime.cache import (
     CacheLayout,
     Checkpoint,
@@ -103,6 +104,8 @@ def resolve_model_path(name: str | None) -> tuple[str, Preset | None]:
 
 class LoadedModel:
     """A causal LM, its tokenizer and its think markers, on one device."""
+
+    forks_stay = False  # a row that leaves a batch takes its slots with it (engine.runtime.batch)
 
     def __init__(self, model, tokenizer, model_id: str, markers: ThinkMarkers | None, preset: Preset | None = None):
         self.model = model.eval()
@@ -379,9 +382,26 @@ class LoadedModel:
             crop(cache, start + t)
         return logits[:, :t]
 
-    def step_logits(self, tokens: list[int], cache, start: int) -> torch.Tensor:
-        """Logits ``[T, V]`` for a single row of ``tokens`` at ``start``."""
-        return self.forward(torch.tensor([tokens], device=self.device), cache, start)[0]
+    def step_logits(self, tokens: list[int], cache, start: int, last_only: bool = False) -> torch.Tensor:
+        """Logits ``[T, V]`` for a single row of ``tokens`` at ``start`` (``[1, V]``, the last
+        token's, with ``last_only``; every token's are computed here all the same, so a prefill's
+        last logits are the ones a full forward gives)."""
+        logits = self.forward(torch.tensor([tokens], device=self.device), cache, start)[0]
+        return logits[-1:] if last_only else logits
+
+    def row_batch(self, cache, length: int, ids: list[int] | None = None, shared: bool = False) -> RowBatch:
+        """The rows of ``cache`` (one row holding ``length`` slots, ``ids`` its tokens where a
+        re-encode may need them; ``shared``: forks share its buffer row): a :class:`RowBatch`."""
+        return RowBatch(self, cache, length, ids, shared=shared)
+
+    def unshared(self) -> str | None:
+        """Why this run's drafts cannot share the prefix in one buffer row (``engine.runtime.batch.unshared``)."""
+        return unshared(self)
+
+    @property
+    def learned_positions(self) -> bool:
+        """Positions are learned (absolute, not rotary) and bounded: a shared cache must fit them."""
+        return bool(self.context_length) and not rotary(self.model.config)
 
 
 def _fixed_capacity(capacity: int) -> int:

@@ -89,7 +89,7 @@ def agreement(lm: LoadedModel | None, prompt: str, base_ids: list[int], other_id
         if forced_marker(lm.markers, ids, max_think, n):
             return Agreement("budget", n, lengths=lengths, forced_by=who, name=name)
     prefix = lm.prompt_ids(prompt) + base_ids[:n]
-    logits = lm.step_logits(prefix, lm.new_cache(), 0)[-1].float()  # [V]
+    logits = lm.step_logits(prefix, lm.new_cache(len(prefix)), 0, last_only=True)[-1].float()  # [V]
     top = torch.topk(logits, 2).values
     return Agreement("numeric", n, float(top[0] - top[1]), lengths, name=name)
 

@@ -62,6 +62,9 @@ from engine.benchmarks.summary import (
 )
 from engine.config import RunConfig, field_help
 from engine.events import Event, TokenEvent
+from engine.llamacpp import costs as llama_costs
+from engine.llamacpp import reference as llama_reference
+from engine.llamacpp.model import RUNTIME as LLAMA
 from engine.methods.rsd.loop import RSD_METHODS
 from engine.presets import with_exit_probes
 from engine.registry import METHODS, SSR_LOOP, check_method, decoder
@@ -73,7 +76,7 @@ from engine.runtime.compiled import COMPILE_MODES
 from engine.runtime.fixed import ROUTES as EXACT_ROUTES
 from engine.runtime.fixed import SHAPE as FIXED_SHAPE
 from engine.runtime.model import ModelLoadError, SSRUnsupportedError
-from engine.wiring import Server, load_role, load_scorer, run_config
+from engine.wiring import RUNTIMES, Server, load_role, load_scorer, run_config
 
 # CLI flag -> RunConfig field; a flag left out keeps the config's own default
 CONFIG_FLAGS = {"draft_start": int, "max_think": int, "max_draft": int, "max_answer": int, "num_drafts": int,
@@ -211,6 +214,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         what = notes.get(name, name.replace("_", " "))
         ap.add_argument("--" + name.replace("_", "-"), type=kind, default=None, metavar=kind.__name__.upper(),
                         help=f"{what} (default: the model's tuned value if it has one, else {getattr(defaults, name)})")
+    ap.add_argument("--runtime", choices=RUNTIMES, default=None,
+                    help="what runs --model in process: transformers (the default: torch) or llama.cpp (a GGUF file: a "
+                         "registry model, a .gguf path; needs requirements-llama.txt); on llama.cpp the bench also "
+                         "measures llama.cpp's own generation on the same file and threads, and its row and width costs")
     ap.add_argument("--backend", choices=("transformers", "vllm"), default=None,
                     help="where --model runs: in process (transformers, the default) or on a vLLM server (--base-url)")
     ap.add_argument("--base-url", default=None, help="run --model on a vLLM server at this URL (e.g. "
@@ -268,8 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         if target_server is not None:
             target_server = dataclasses.replace(target_server, speculation=args.server_speculation)
         lm = load_role(args.model, args.device, target_server, random_weights=args.random_weights, progress=_say,
-                       dtype=args.dtype)
-        if isinstance(lm, RemoteModel):
+                       dtype=args.dtype, runtime=args.runtime, threads=args.threads)
+        if isinstance(lm, RemoteModel) or args.runtime == LLAMA:
             for m in methods:
                 decoder(m, lm)  # a method that does not run on a server says so now
         models = {"target": lm, "prm_name": args.prm}
@@ -278,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg.check_ssr()
         if {"rsd", "draft"} & set(methods):
             models["draft"] = load_role(args.draft_model, args.device, target=lm, server=_server(
-                args.draft_base_url, args.api_key, args.draft_served_model), progress=_say)
+                args.draft_base_url, args.api_key, args.draft_served_model), progress=_say, runtime=args.runtime,
+                threads=args.threads)
         if "rsd" in methods:
             models["scorer"] = load_scorer(args.prm, args.device, _server(args.prm_base_url, args.api_key,
                                                                           args.prm_served_model), args.trust_remote_code)
@@ -312,7 +320,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['latency_s']:.3f}s  {_tokens_line(r)}" + (f"  correct={r['correct']}" if "correct" in r else ""),
               flush=True)
     summary = summarize(runs, cfg.greedy, history)
+    native = {}
+    if args.runtime == LLAMA:  # llama.cpp's own generation beside the baseline, and what rows and widths cost here
+        print("measuring llama.cpp's own generation on the same problems, then its row and width costs", flush=True)
+        native = {"own": llama_reference.compare(lm, problems, runs, cfg.max_think + cfg.max_answer, args.repeat),
+                  "costs": llama_costs.costs(lm)}
     Path(args.out).write_text(json.dumps({"model": args.model, "dataset": dataset, "config": cfg.to_dict(),
+                                          "runtime": args.runtime or "transformers", "llama_cpp": native or None,
                                           "method_configs": {m: c.to_dict() for m, c in configs.items()},
                                           "step_mode": next((r["step_mode"] for r in runs if r["step_mode"]), None),
                                           "compile_s": getattr(lm, "compile_seconds", 0.0), "runs": runs,
@@ -322,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(summary, full=args.full_table))
     for line in verdict_lines(summary):
         print(line)
+    if native:
+        print(llama_reference.said(native["own"]))
+        print(llama_costs.said(native["costs"]))
     for line in where_time_went(runs):
         print(line)
     for warning in spread_warnings(summary):

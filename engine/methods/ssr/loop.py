@@ -39,6 +39,7 @@ from another), and verification is the speculative-sampling rule (see ``engine.m
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from typing import Protocol
@@ -55,8 +56,8 @@ from engine.methods.ssr.policy import ledger, plan
 from engine.methods.ssr.proposers import Draft, DraftPrefixProposer, Proposal, Proposer, SuffixProposer
 from engine.methods.ssr.rows import Row, RowStep
 from engine.methods.ssr.suffix_index import SuffixIndex
-from engine.methods.ssr.widths import Widths, costs
-from engine.runtime.batch import RowBatch, rotary, unshared
+from engine.methods.ssr.widths import Widths, costs, said
+from engine.runtime.batch import RowBatch
 from engine.runtime.cache import cache_mb
 from engine.runtime.probe import require
 
@@ -103,15 +104,17 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
     capacity = len(prompt_ids) + new_tokens + past_end
     # the drafts read the main row's prefix from one buffer row where the model allows (engine.runtime.batch,
     # shared forks); else each holds a copy of it
-    copied = unshared(lm) if planned else None
+    copied = lm.unshared() if planned else None
     shared = bool(planned) and copied is None
     if shared:  # (slots, rows): one row, holding the main row's budgets and the drafts live at once
         main_slots = len(prompt_ids) + len(markers.close_ids) + cfg.max_think + cfg.max_answer + past_end
         # learned absolute positions: the model may keep buffers of its positions' size and index them by slot, so
         # the cache is sized for the most drafts that can be live at once (it must not grow), and must fit them
-        learned = bool(lm.context_length) and not rotary(lm.model.config)
+        learned = lm.learned_positions
         opening = len(markers.close_ids) + len(markers.tail_ids)
-        cache_size = main_slots + shared_slots(cfg, planned, opening, per_step=1 + cfg.think_spec if learned else 1), 1
+        # a cache whose departed drafts keep their slots to the end (llama.cpp's, engine.llamacpp.rows) holds them all
+        cache_size = main_slots + shared_slots(cfg, planned, opening, per_step=1 + cfg.think_spec if learned else 1,
+                                               every=lm.forks_stay), 1
         if learned and cache_size[0] > lm.context_length:
             shared, copied = False, (f"a shared cache would hold {cache_size[0]} slots, more than the model's "
                                      f"{lm.context_length} positions")
@@ -134,12 +137,13 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
     yield rec.phase("prefill")
     if len(prompt_ids) > 1:  # the last prompt token is the main row's first input in phase A
         t0 = rec.now()
-        lm.step_logits(prompt_ids[:-1], state.cache, 0)
+        lm.step_logits(prompt_ids[:-1], state.cache, 0, last_only=True)
         yield rec.forward(t0, [RowWork("main", len(prompt_ids) - 1)], tokens=len(prompt_ids) - 1)
-    state.batch = RowBatch(lm, state.cache, len(prompt_ids) - 1, prompt_ids[:-1], shared=shared)
+    state.batch = lm.row_batch(state.cache, len(prompt_ids) - 1, prompt_ids[:-1], shared=shared)
     yield from _reason_and_draft(state, budget, prompt_ids[-1])
     if not state.ended:
         yield from answer_by_verification(state, budget)
+    rec.stats.lookups = said([state.widths, *state.answer_by.values()])
     rec.stats.cache_mb = cache_mb(state.cache)
     rec.stats.flops = rec.stats.target_flops = 2.0 * lm.num_parameters * rec.stats.target_tokens
     if decision is not None and planned and not state.drafts:  # the plan was moot: say what happened instead
@@ -177,6 +181,11 @@ class SSRState(Protocol):
         token.)"""
         ...
 
+    def answer_widths(self, label: str) -> Widths | None:
+        """How many of proposer ``label``'s tokens the answer verifies (``engine.methods.ssr.widths``);
+        None: every proposal whole (a server verifies in its own kernels)."""
+        ...
+
 
 class _State:
     """What the two phases share: the model, one cache and its rows, the drafts, the choosers."""
@@ -197,6 +206,12 @@ class _State:
         self.forward_end = 0.0
         self.costs = costs(lm, cfg)  # this model's forward costs by tokens computed (cost-aware lookup widths)
         self.widths = Widths(self.costs, widths_by_cost)  # the main row's lookup widths in the reasoning
+        self.answer_by: dict[str, Widths] = {}  # the answer's widths, per proposer (its label)
+
+    def answer_widths(self, label: str) -> Widths:
+        if label not in self.answer_by:
+            self.answer_by[label] = Widths(self.costs, self.widths.by_cost, phase="answer", what=label)
+        return self.answer_by[label]
 
     def room(self) -> int | None:
         """The most tokens a proposal may hold this step (None: any): longrope's switch point."""
@@ -263,6 +278,8 @@ def _reason_and_draft(s: _State, budget: SSRBudget, first_input: int) -> Iterato
         steps = [row.take(logits[r]) for r, row in enumerate(rows)]  # logits[r]: [K, V]
         if steps[0].proposal is not None:
             s.widths.observe(len(steps[0].proposal.tokens), steps[0].accepted)
+        elif main.unverified is not None and steps[0].tokens:  # what its verify would have accepted: the first token
+            s.widths.observe_unverified(steps[0].tokens[0] == main.unverified)
         batch.keep([step.kept for step in steps])
         # 5. record: the forward (what each row took), the drafts' tokens, then the main row's (its own
         #    token forced at the budget). The drafts take theirs first: the budget sees them (an early exit
@@ -303,7 +320,6 @@ def _reason_and_draft(s: _State, budget: SSRBudget, first_input: int) -> Iterato
         if s.ended or forced or markers.closes_at(reasoning, len(reasoning) - 1):
             s.unfed = main.unfed  # the closing token(s), and the tail forced after them: phase B feeds them first
             break
-    rec.stats.lookups = s.widths.said()
     rec.stats.step_s_alone = _mean(step_times[False])
     rec.stats.step_s_drafting = _mean(step_times[True])
     # reasoning over: live drafts are frozen as they are; the main row goes on alone
@@ -350,7 +366,7 @@ def _draft_takes(s: _State, row: Row, step: RowStep, budget: SSRBudget) -> Itera
     row.unfed = [] if d.finished else step.tokens[-1:]
 
 
-def shared_slots(cfg: RunConfig, planned: int, opening: int, per_step: int = 1) -> int:
+def shared_slots(cfg: RunConfig, planned: int, opening: int, per_step: int = 1, every: bool = False) -> int:
     """The slots a run's drafts add to a shared cache (``engine.runtime.batch``, shared forks) at
     most at once, as the cache is first sized: a draft holds its opening (the main row's pending
     token, the marker and the template tail: ``opening + 1``), its answer and a lookup behind it,
@@ -361,13 +377,13 @@ def shared_slots(cfg: RunConfig, planned: int, opening: int, per_step: int = 1) 
     lookups carry it further in a draft's life (up to ``1 + think_spec`` tokens a step), more
     drafts can be live at once than sized for: the cache then grows (``RowBatch``), as the run
     shows in its cache size, instead of holding that worst case (``per_step=1 + think_spec``)
-    from the start."""
+    from the start. ``every``: a draft's slots stay after it finishes, so every draft's count."""
     if not planned:
         return 0
     per_draft = opening + 1 + cfg.max_draft + cfg.think_spec
     life = (cfg.max_draft + opening + 1) * per_step  # reasoning tokens a draft can live through
     forks = [fork_point(cfg, d) for d in range(planned)]
-    live = max(sum(1 for g in forks if f <= g < f + life) for f in forks)
+    live = planned if every else max(sum(1 for g in forks if f <= g < f + life) for f in forks)
     return live * per_draft + (1 + live) * (opening + 1 + cfg.think_spec)
 
 
@@ -432,11 +448,25 @@ def answer_by_verification(s: SSRState, budget: SSRBudget) -> Iterator[Event]:
             prop = who.propose(s.answer, room)
             if prop is not None:
                 break
+        # as many of its tokens as pay on this model (engine.methods.ssr.widths); none: its first token is still
+        # compared with the verifier's, as its verify would have
+        widths = s.answer_widths(prop.label) if prop is not None else None
+        unverified = None
+        if widths is not None:
+            k = widths.choose(len(prop.tokens), len(s.unfed))
+            if k == 0:
+                unverified, prop = prop.tokens[0], None
+            elif k < len(prop.tokens):
+                prop = dataclasses.replace(prop, tokens=prop.tokens[:k], probs=None if prop.probs is None else prop.probs[:k])
         proposed = prop.tokens if prop else []
         # 2. verify: the unfed token(s) and the proposal in one forward; the state keeps what is accepted
         fed, t0 = len(s.unfed) + len(proposed), rec.now()
         accepted, nxt = s.verify(proposed, prop.probs if prop else None)
         t1 = s.forward_end
+        if widths is not None and prop is not None:
+            widths.observe(len(proposed), accepted)
+        elif widths is not None:
+            widths.observe_unverified(nxt == unverified)
         # 3. accept; a draft's end, accepted, ends the answer. What a draft won is a draft's own only where
         #    the lookups (when on) would not have proposed it at this step (RunStats.draft_saved)
         if prop is not None and prop.draft is not None and accepted:

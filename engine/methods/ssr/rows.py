@@ -44,6 +44,7 @@ class Row:
     draft: Draft | None = None
     fed: list[int] = field(default_factory=list)  # this step's feed: unfed tokens, then the proposal
     proposal: Proposal | None = None  # this step's lookup proposal
+    unverified: int | None = None  # the first token of a proposal this step verifies none of (trim(0))
     opening: int = 0  # tokens put on its stream at the fork (a draft's template tail): its first forward's forced
 
     @property
@@ -65,12 +66,13 @@ class Row:
         """Verify only the first ``k`` tokens of this step's proposal (0: none of it)."""
         if self.proposal is not None and k < len(self.proposal.tokens):
             p = self.proposal
+            self.unverified = None if k else p.tokens[0]
             self._propose(dataclasses.replace(p, tokens=p.tokens[:k], probs=None if p.probs is None else p.probs[:k])
                           if k else None)
 
     def _propose(self, proposal: Proposal | None) -> None:
         """This step's proposal, fed after the unfed tokens."""
-        self.proposal = proposal
+        self.proposal, self.unverified = proposal, None
         self.fed = [*self.unfed, *(proposal.tokens if proposal else [])]
 
     def take(self, logits: torch.Tensor) -> RowStep:

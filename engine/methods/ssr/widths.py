@@ -1,4 +1,6 @@
-"""Cost-aware lookup widths: the main reasoning row verifies as many lookup tokens as pay.
+"""Cost-aware widths: the main row verifies as many proposed tokens as pay, in the reasoning (its
+lookups) and in the answer (each proposer's proposals: a draft's prefix, a suffix in the drafts, a
+lookup).
 
 A lookup proposal of ``k`` tokens rides behind the main row's next token, so its forward computes
 ``k`` more tokens. On a GPU that is nearly free; on a CPU it is not (SmolLM2 in fp32 on 2 cores: a
@@ -9,8 +11,12 @@ compute ``n`` tokens without them. :class:`Widths` verifies the ``k`` (0 .. what
 most ``think_spec``) with the most expected tokens per unit of cost, so a lookup that would not
 pay is not verified at all:
 
-* ``p_i``: how often the main row's lookups had their ``i``-th token accepted when the ``i - 1``
-  before it were, counted over this run's verifies (1/2 before any: a Beta(1, 1) prior);
+* ``p_i``: how often the proposals had their ``i``-th token accepted when the ``i - 1`` before it
+  were, counted over this run's verifies (1/2 before any: a Beta(1, 1) prior), per phase and, in
+  the answer, per proposer. A proposal not verified at all still says something: whether its
+  first token is the one the model then chose (what its verify would have accepted), so a
+  proposer that cannot pay on the prior (on llama.cpp's CPU kernels every token verified costs
+  about as much as a step: a first token must be right 3 times in 4) is still learned about;
 * ``cost(t)``: the median seconds of this model's forwards that computed ``t`` tokens (every SSR
   forward's own timing, both phases, the last :data:`SAMPLES` per width), kept on the loaded
   model per numerics route as the drafting ledger is (a width costs what the model, the device and
@@ -89,6 +95,8 @@ class Widths:
     proposed: int = 0  # lookup tokens proposed to the main row
     verified: int = 0  # of them, verified
     skipped: int = 0  # proposals not verified at all (no width paid)
+    phase: str = "reasoning"  # where these proposals are verified, for :meth:`said`
+    what: str = "lookup"  # who proposes them, for :meth:`said`
 
     def p(self, i: int) -> float:
         """P(the ``i``-th token (0-based) is accepted | the ones before it were)."""
@@ -118,19 +126,32 @@ class Widths:
     def observe(self, proposed: int, accepted: int) -> None:
         """A verify of ``proposed`` tokens accepted the first ``accepted``."""
         for i in range(min(proposed, accepted + 1)):
-            if i == len(self.tries):
-                self.tries.append(0)
-                self.hits.append(0)
-            self.tries[i] += 1
-            self.hits[i] += i < accepted
+            self._count(i, i < accepted)
 
-    def said(self) -> str:
-        """The run's widths in words, with what a wide forward cost on this model."""
+    def observe_unverified(self, first_right: bool) -> None:
+        """A proposal not verified at all: whether its first token is the one the model chose."""
+        self._count(0, first_right)
+
+    def _count(self, i: int, hit: bool) -> None:
+        if i == len(self.tries):
+            self.tries.append(0)
+            self.hits.append(0)
+        self.tries[i] += 1
+        self.hits[i] += hit
+
+    def said(self, cost: bool = True) -> str:
+        """The run's widths in words, with what a wide forward cost on this model (``cost``)."""
         if not self.proposed:
             return ""
         one = self.costs.of(1)
         wide = self.costs.widths[-1] if self.costs.widths else 1
         cost = f"; a {wide}-token forward cost {self.costs.of(wide) / one:.2f}x a 1-token one here" \
-            if one and wide > 1 else ""
-        return (f"verified {self.verified} of {self.proposed} lookup tokens proposed in the reasoning "
+            if cost and one and wide > 1 else ""
+        return (f"verified {self.verified} of {self.proposed} {self.what} tokens proposed in the {self.phase} "
                 f"({self.skipped} proposals not at all: no width paid){cost}")
+
+
+def said(widths: list[Widths]) -> str:
+    """Several :class:`Widths` in words (the reasoning's, then the answer's proposers')."""
+    spoken = [w for w in widths if w.proposed]
+    return "; ".join(w.said(cost=w is spoken[-1]) for w in spoken)
