@@ -23,6 +23,7 @@ from engine.remote.model import check_backend
 from engine.remote.speculation import SPECULATIONS
 from engine.runlog import RunLogError
 from engine.runtime.compiled import COMPILE_MODES
+from engine.wiring import RUNTIMES
 from ssr_ui.export import MAX_TRACE_BYTES
 from ssr_ui.handlers import DEFAULT_DRAFT, DEFAULT_PRM, LOAD_TIMEOUT_S, MAX_RUN_S, Studio
 from ssr_ui.jobs import CancelRoute
@@ -45,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--db", default="runs.db", help="SQLite run log")
     ap.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     ap.add_argument("--load-timeout", type=float, default=LOAD_TIMEOUT_S, help="seconds before a model load is given up")
+    ap.add_argument("--runtime", choices=RUNTIMES, default=RUNTIMES[0],
+                    help="the Runtime box's default: transformers (torch) or llama.cpp (GGUF files on llama.cpp's own "
+                         "kernels; needs requirements-llama.txt)")
     ap.add_argument("--backend", choices=("transformers", "vllm"), default=None,
                     help="where --model runs: in process (transformers, the default) or on a vLLM server (--base-url)")
     for role, flag in (("", "--model"), ("draft-", "--draft-model"), ("prm-", "--prm")):
@@ -89,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError("--server-speculation describes the --base-url server: give --base-url too")
         public = Public.build(args.public, args.models, [args.model, args.draft_model, args.prm], args.max_jobs)
         studio = Studio(args.model, args.db, args.device, args.draft_model, args.prm, args.load_timeout,
-                        args.max_run_seconds, args.compile, servers(args), args.max_cache_gb, public, args.drafting)
+                        args.max_run_seconds, args.compile, servers(args), args.max_cache_gb, public, args.drafting,
+                        args.runtime)
     except (ValueError, RunLogError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

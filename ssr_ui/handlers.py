@@ -95,11 +95,13 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
     def __init__(self, model: str | None = None, db: str = "runs.db", device: str | None = None,
                  draft_model: str = DEFAULT_DRAFT, prm: str = DEFAULT_PRM, load_timeout: float = LOAD_TIMEOUT_S,
                  max_run_s: float = MAX_RUN_S, compile: str = "auto", servers: dict | None = None,
-                 max_cache_gb: float | None = None, public: Public | None = None, drafting: str = "auto") -> None:
+                 max_cache_gb: float | None = None, public: Public | None = None, drafting: str = "auto",
+                 runtime: str = "") -> None:
         # models on vLLM servers, by name: a Server's fields (app --base-url, --draft-base-url, --prm-base-url)
         ModelShelf.__init__(self, model or "tiny-reasoner", prm, device, load_timeout, servers, max_cache_gb)
         self.compile = RunConfig(compile=compile).compile  # the runs' compiled-steps default (app --compile)
         self.drafting = RunConfig(drafting=drafting).drafting  # SSR's drafting default (app --drafting)
+        self.runtime = runtime_of(runtime)  # the runtime a run gets when it names none (app --runtime)
         self.default_draft, self.max_run_s = draft_model, max_run_s
         self.log = RunLog(db)
         self.jobs = Jobs()
@@ -170,7 +172,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         if method not in MODES:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(MODES)}")
         self.vet(model_name, draft_model, prm)
-        runtime = runtime_of(settings.pop("runtime", ""))
+        runtime = runtime_of(settings.pop("runtime", "") or self.runtime)
         cfg = self.config(model_name, **settings)
         compare = method == "Compare"
         runs = list(COMPARE_RUNS) if compare else [method]

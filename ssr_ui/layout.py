@@ -158,7 +158,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                                         info="the models this shared studio offers" if studio.public.on else
                                              "bundled, an installed real model, a preset, or type a local folder, "
                                              "a Hub id, a .gguf file or HUB_ID:FILE.gguf"))  # a shared studio's vet names it
-                    runtime = gr.Radio(runtime_choices(), value=RUNTIMES[0], label="Runtime", elem_id="runtime",
+                    runtime = gr.Radio(runtime_choices(), value=studio.runtime or RUNTIMES[0], label="Runtime", elem_id="runtime",
                                        info=runtime_info())
                     with gr.Row():
                         run_btn = gr.Button("Run", variant="primary")

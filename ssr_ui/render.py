@@ -572,7 +572,7 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
     if view.phase == "compiling":
         shapes = f": {view.compiled_shapes[0]} of {view.compiled_shapes[1]} shapes" if view.compiled_shapes else ""
         items[1] = ("phase", f"compiling steps for this device{shapes} (once per model and shape)")
-    if view.stats and view.stats.step_mode.startswith("vllm "):
+    if view.stats and view.stats.step_mode.startswith(("vllm ", "llama.cpp ")):  # where the forwards ran, in full
         items.append(("backend", html.escape(view.stats.step_mode)))
     elif view.stats and view.stats.step_mode:
         compiled = view.stats.step_mode == "compiled" or view.stats.step_mode.endswith(" compiled")

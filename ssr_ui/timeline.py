@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from engine.events import ForwardEvent, RowWork
 from engine.forwards import acceptance, mean_accepted, time_split
+from ssr_ui.waiting import ordinal
 
 MAX_BARS = 240  # per lane: more forwards than this are drawn in groups
 WIDTH = 1000  # the SVG's user units across (it stretches to the page's width)
@@ -265,7 +266,7 @@ def _proposer_card(who: str, a: dict[str, list[int]]) -> str:
     return (f'<div class="tl-card"><b>{html.escape(who)}</b>: {n} verif{"y" if n == 1 else "ies"}, mean accepted '
             f'{mean:.2f} of {sum(a["reached"]) / n:.2f} proposed'
             f'<div class="tl-mini"><span>accepted length per verify (0 to {len(a["hist"]) - 1})</span>{hist}</div>'
-            f'<div class="tl-mini"><span>acceptance by position in the proposal (1st to {len(rates)}th)</span>'
+            f'<div class="tl-mini"><span>acceptance by position in the proposal (1st to {ordinal(len(rates))})</span>'
             f'{pos}</div></div>')
 
 

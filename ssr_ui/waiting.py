@@ -99,10 +99,10 @@ class ModelLine:
         eta = self._eta(ahead)
         estimate = "" if eta is None else f", about {max(1, round(eta))} s"
         jobs = "job" if ahead == 1 else "jobs"
-        return (f"in line for the model: {_ordinal(ahead + 1)} ({ahead} {jobs} ahead of yours{estimate}); "
+        return (f"in line for the model: {ordinal(ahead + 1)} ({ahead} {jobs} ahead of yours{estimate}); "
                 "Stop leaves the line")
 
 
-def _ordinal(n: int) -> str:
+def ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"

@@ -211,3 +211,11 @@ def test_rsd_runs_on_llama_cpp_with_the_target_scoring_its_steps():
     cfg = RunConfig(max_think=32, max_answer=16, max_steps=4)
     done = list(decoder("rsd", lm, draft=lm, scorer="target-likelihood")(PROMPTS[0], cfg))[-1]
     assert done.stats.target_tokens > 0 and done.answer_text
+
+
+def test_more_drafts_than_a_context_has_sequences_for_are_refused_before_the_run():
+    lm = smollm2()
+    cfg = RunConfig(max_think=400, max_answer=8, draft_start=1, draft_interval=1, num_drafts=70, drafting="always")
+    events = decoder("ssr", lm)(PROMPTS[0], cfg)
+    with pytest.raises(ValueError, match="run at most 62 drafts"):
+        next(iter(events))

@@ -4,6 +4,8 @@ the run log saying what was verified."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from engine.config import RunConfig
@@ -69,6 +71,34 @@ def test_drafts_riding_make_a_wide_verify_dearer_or_cheaper_by_what_the_step_com
 def test_costs_interpolate_and_hold_past_the_widest_measured():
     c = Scripted({1: 1.0, 5: 3.0})
     assert c.of(3) == pytest.approx(2.0) and c.of(9) == 3.0 and c.of(1) == 1.0
+
+
+def test_a_proposal_verified_not_at_all_still_teaches_its_first_tokens_odds():
+    """On costs like llama.cpp's on a CPU (each token verified costs most of a step), the prior's
+    1/2 never pays; a proposal whose first token keeps being what the model chose then does."""
+    w = Widths(Scripted({1: 1.0, 2: 1.74, 3: 2.37, 4: 2.92}))
+    assert w.choose(3, 1) == 0
+    for _ in range(12):
+        w.observe_unverified(True)
+    assert w.choose(3, 1) >= 1
+    w2 = Widths(Scripted({1: 1.0, 2: 1.74, 3: 2.37, 4: 2.92}))
+    for _ in range(12):
+        w2.observe_unverified(False)
+    assert w2.choose(3, 1) == 0 and w2.tries == [12] and w2.hits == [0]
+
+
+def test_the_answer_says_its_widths_per_proposer_after_the_reasoning():
+    from engine.methods.ssr.widths import said
+
+    costs = Scripted({1: 1.0, 9: 1.5})
+    reasoning, answer = Widths(costs), Widths(costs, phase="answer", what="draft prefix")
+    reasoning.choose(4, 1)
+    answer.choose(6, 1)
+    text = said([reasoning, answer, Widths(costs, phase="answer", what="lookup in prompt")])
+    assert re.fullmatch(r"verified \d of 4 lookup tokens proposed in the reasoning \(0 proposals not at all: no width "
+                        r"paid\); verified \d of 6 draft prefix tokens proposed in the answer \(0 proposals not at all: "
+                        r"no width paid\); a 9-token forward cost 1.50x a 1-token one here", text), text
+    assert text.count("forward cost") == 1 and "lookup in prompt" not in text  # said once; nothing proposed: nothing
 
 
 def test_observe_counts_each_position_reached():

@@ -49,3 +49,36 @@ def said(c: dict) -> str:
     rows = ", ".join(f"{r} {x:.2f}x" for r, x in c["rows"].items())
     return (f"llama.cpp costs at {c['context']} tokens of context: one step {c['step_ms']:.1f} ms; a verify of k tokens "
             f"({widths}); r rows of one token ({rows})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m engine.llamacpp.costs --model smollm2-135m-instruct [--kv f16] [--no-flash]``: the
+    probe's checks and the costs on a context of these settings (what docs/BENCHMARKS.md compares)."""
+    import argparse
+    import sys
+
+    from engine.llamacpp import lib
+    from engine.llamacpp.model import load_llama
+    from engine.runtime.model import ModelLoadError
+
+    ap = argparse.ArgumentParser(prog="python -m engine.llamacpp.costs", description=main.__doc__)
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="a registry model or a .gguf file")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kv", choices=tuple(lib.KV_TYPES), default=lib.KV, help="the KV cache type")
+    ap.add_argument("--no-flash", action="store_true", help="flash attention off")
+    ap.add_argument("--context", type=int, default=200, help="tokens of context the costs are measured at")
+    args = ap.parse_args(argv)
+    try:
+        lm = load_llama(args.model, args.threads, kv=args.kv, flash=not args.no_flash)
+    except ModelLoadError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(lm.step_mode)
+    for check in lm._capabilities.checks:
+        print(f"  {check}")
+    print(said(costs(lm, args.context)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

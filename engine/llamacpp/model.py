@@ -37,7 +37,7 @@ from engine.runtime.model import (
 from engine.runtime.rope import Rope
 
 RUNTIME = "llama.cpp"
-SEQS = 16  # sequences a context holds: the main row, up to 14 drafts live at once, and the parked cells
+SEQS = 64  # sequences a context holds: the main row, up to 62 drafts, and the parked cells (engine.llamacpp.rows)
 CELL_STEP = 256  # contexts are made in multiples of this many cells, so runs of similar sizes reuse one
 
 
@@ -127,7 +127,12 @@ class LlamaModel:
         self.exact = "measured" if exact else False
 
     def prepare_steps(self, capacity: int, rows: int = 1, row_width: int = 1) -> Iterator[Compiling]:
-        """Nothing to compile (llama.cpp's graphs are built per batch)."""
+        """Nothing to compile (llama.cpp's graphs are built per batch); a run of more rows than a
+        context has sequences for is refused here, before it starts."""
+        if rows > SEQS - 1:
+            raise ValueError(f"a run of {rows - 1} drafts on llama.cpp: its contexts hold {SEQS} sequences (the main "
+                             f"row's, {SEQS - 2} drafts' and one for departed drafts' cells); run at most {SEQS - 2} "
+                             "drafts")
         return iter(())
 
     # ------------------------------------------------------------------ caches and forwards
@@ -136,8 +141,6 @@ class LlamaModel:
         of the same size and ``role``): ``rows`` rows copied at a fork would each hold their own
         tokens past the prefix, which the context's shared cells hold once, so this is room to spare."""
         cells = -(-capacity * rows // CELL_STEP) * CELL_STEP
-        if rows > SEQS:
-            raise ValueError(f"{rows} rows asked of a llama.cpp context of {SEQS} sequences: run fewer drafts")
         key = (cells, SEQS, role)
         ctx = self._contexts.get(key)
         if ctx is None:

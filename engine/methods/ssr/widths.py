@@ -15,8 +15,8 @@ pay is not verified at all:
   were, counted over this run's verifies (1/2 before any: a Beta(1, 1) prior), per phase and, in
   the answer, per proposer. A proposal not verified at all still says something: whether its
   first token is the one the model then chose (what its verify would have accepted), so a
-  proposer that cannot pay on the prior (on llama.cpp's CPU kernels every token verified costs
-  about as much as a step: a first token must be right 3 times in 4) is still learned about;
+  proposer that cannot pay on the prior (on llama.cpp's CPU kernels a token verified costs 0.35-0.75
+  of a step: its first token must be right that often) is still learned about;
 * ``cost(t)``: the median seconds of this model's forwards that computed ``t`` tokens (every SSR
   forward's own timing, both phases, the last :data:`SAMPLES` per width), kept on the loaded
   model per numerics route as the drafting ledger is (a width costs what the model, the device and
