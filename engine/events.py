@@ -94,7 +94,8 @@ class RunStats:
     # SSR with drafts: "shared prefix" (the drafts read the main row's slots: engine.runtime.batch's shared forks), or
     # "copied prefix: <why not shared>" (each draft holds a copy); "" when no draft was planned
     forks: str = ""
-    # SSR with reasoning lookups: the main row's cost-aware lookup widths in words (engine.methods.ssr.widths)
+    # SSR: the main row's cost-aware widths in words, the reasoning's lookups then the answer's proposers
+    # (engine.methods.ssr.widths)
     lookups: str = ""
     # SSR: mean seconds per reasoning step with no draft live / with drafts riding in the batch
     step_s_alone: float | None = None

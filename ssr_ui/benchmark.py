@@ -143,9 +143,9 @@ class BenchmarkRuns:
         label = shown or source.label
         name = (model_name or self.default_model).strip()
         yield BenchFrame(progress_html(0, 1, f"{label}: {len(problems)} problems read; loading {name}…"))
-        for status in self.loading(name):  # a first load (a GGUF file's conversion) says how it goes
+        for status in self.loading(name, runtime=self.runtime):  # a first load (a GGUF file's conversion) says how it goes
             yield BenchFrame(progress_html(0, 1, f"loading {name}… {status}"))
-        lm = self.model(model_name)
+        lm = self.model(model_name, self.runtime)
         models = {"target": lm}
         if {"rsd", "target"} & set(methods):
             draft_model, prm = (draft_model or self.default_draft).strip(), (prm or self.default_prm).strip()

@@ -421,9 +421,9 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             configs = [self.config(model_name, **{**settings, "draft_start": d}).check_ssr() for d in starts]
             name = (model_name or self.default_model).strip()
             yield html_note(f"sweep of {len(starts)} draft starts: loading {name}…"), None
-            for status in self.loading(model_name):
+            for status in self.loading(model_name, runtime=self.runtime):
                 yield html_note(f"loading {name}… {status}"), None
-            lm = self.model(model_name)
+            lm = self.model(model_name, self.runtime)
             lm.require_markers()  # SSR on a model that does not reason: refused before the baseline runs
             ticket = yield from self.in_line(job, lambda words: (html_note(words), None), lm, model_name)
             if not ticket.held:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 
 from engine.llamacpp.model import RUNTIME as LLAMA
+from engine.llamacpp.model import LlamaModel
 from engine.remote.model import RemoteModel
 from engine.runtime.model import LoadedModel, ModelLoadError
 from engine.runtime.probe import capabilities
@@ -35,7 +36,7 @@ class ModelShelf:
         self.max_cache_bytes = None if max_cache_gb is None else int(max_cache_gb * 2**30)
         self.device, self.load_timeout = device, load_timeout
         self.servers = {name: Server(**s) for name, s in (servers or {}).items() if s.get("base_url")}
-        self._models: dict[str, LoadedModel | RemoteModel] = {}
+        self._models: dict[str, LoadedModel | LlamaModel | RemoteModel] = {}  # by shelf_key
         self._scorers: dict[str, object] = {}
         self._load_lock = threading.Lock()  # one load at a time
         self.load_messages: dict[str, str] = {}  # the latest progress message of each load, by name
@@ -97,7 +98,7 @@ class ModelShelf:
         finally:
             self._load_lock.release()
 
-    def model(self, name: str, runtime: str = "") -> LoadedModel | RemoteModel:
+    def model(self, name: str, runtime: str = "") -> LoadedModel | LlamaModel | RemoteModel:
         """A model by name, loaded once: on its vLLM server when the app was given one for it,
         else in process, on ``runtime`` (transformers, the default, or llama.cpp)."""
         name = (name or self.default_model).strip()
@@ -123,8 +124,10 @@ class ModelShelf:
             self.load_messages[key] = message
 
         def load():
-            lm = load_role(name, self.device if runtime != LLAMA else None, self.servers.get(name) if runtime != LLAMA
-                           else None, progress=progress, runtime=runtime or None)
+            if runtime == LLAMA:
+                lm = load_role(name, progress=progress, runtime=runtime)
+            else:
+                lm = load_role(name, self.device, self.servers.get(name), progress=progress)
             if not isinstance(lm, RemoteModel):  # no warm-up here: each kind of run is warmed before its first (warm)
                 self.load_messages[key] = f"loaded; {capabilities(lm).provenance}"
                 lm.max_cache_bytes = self.max_cache_bytes
@@ -159,7 +162,7 @@ class ModelShelf:
 
     def add_model(self, name: str, model: LoadedModel | RemoteModel) -> None:
         """Serve an already loaded ``model`` under ``name`` (scripts, tests, a caller's own model)."""
-        if isinstance(model, LoadedModel):
+        if not isinstance(model, RemoteModel):
             model.max_cache_bytes = self.max_cache_bytes
         with self._load_lock:
             self._models[name.strip()] = model

@@ -86,8 +86,8 @@ def test_a_model_that_is_not_a_gguf_file_is_refused_on_llama_cpp():
 def test_the_probe_finds_every_batch_shape_bit_identical_on_smollm2_and_keeps_it():
     lm = smollm2()
     caps = lm._capabilities
-    assert {c.name for c in caps.checks} == {"multi-token", "wide", "split prefill", "rollback", "fork", "holes",
-                                             "long context"}
+    assert {c.name for c in caps.checks} == {"last-only prefill", "verify widths", "wide", "split prefill", "rollback",
+                                             "fork", "rows keeping different counts", "long context"}
     assert all(c.ok and c.diff == 0.0 for c in caps.checks), [str(c) for c in caps.checks]
     assert lm.cell_bytes > 0
     from engine.llamacpp.probe import probe
@@ -109,6 +109,23 @@ def test_an_f16_kv_cache_is_measured_batch_dependent_past_512_cells_and_ssr_is_r
     with pytest.raises(ValueError, match="exact mode is refused on smollm2-135m-instruct on llama.cpp"):
         next(iter(decoder("baseline", lm)(PROMPTS[0], RunConfig(max_think=16, max_answer=8, exact=True))))
     assert run(lm, "baseline", PROMPTS[0], cfg).answer_ids
+
+
+def test_any_check_that_is_not_bit_identical_refuses_ssr_on_llama_cpp():
+    """The torch probe routes around a failed multi-token or holes check; llama.cpp has no such
+    route, so every one of its checks is one SSR needs."""
+    from engine.runtime.probe import Capabilities, Check
+
+    lm = smollm2()
+    kept = lm._capabilities
+    try:
+        for name in [c.name for c in kept.checks]:
+            lm._capabilities = Capabilities(tuple(Check(c.name, c.name != name, 0.5 if c.name == name else 0.0)
+                                                  for c in kept.checks), False, kept.tokens, 0.0, 0.0)
+            with pytest.raises(MethodRefused, match=name):
+                next(iter(decoder("ssr", lm)(PROMPTS[0], RunConfig(max_think=16, max_answer=8, draft_start=4))))
+    finally:
+        lm._capabilities = kept
 
 
 def _one_token(lm, tokens: list[int], start: int, cache) -> torch.Tensor:
@@ -210,7 +227,8 @@ def test_rsd_runs_on_llama_cpp_with_the_target_scoring_its_steps():
     lm = smollm2()
     cfg = RunConfig(max_think=32, max_answer=16, max_steps=4)
     done = list(decoder("rsd", lm, draft=lm, scorer="target-likelihood")(PROMPTS[0], cfg))[-1]
-    assert done.stats.target_tokens > 0 and done.answer_text
+    assert done.stats.target_tokens > 0 and done.reasoning_ids  # its steps were written and scored on llama.cpp
+    assert done.stats.steps_accepted + done.stats.steps_rejected > 0
 
 
 def test_more_drafts_than_a_context_has_sequences_for_are_refused_before_the_run():

@@ -147,6 +147,20 @@ def test_greedy_identity_whatever_the_widths(lm, table, verified):
         del lm._forward_costs
 
 
+def test_reasoning_proposals_verified_not_at_all_still_count_their_first_token(lm):
+    """Widths too dear for any lookup: none is verified, yet each one's first token is compared with
+    the token the model then chose, and the run says how often it was right."""
+    lm._forward_costs = {(CFG.exact_mode, CFG.compile): Scripted(DEAR)}
+    try:
+        said = list(decode_ssr(lm, PROMPTS[0], CFG))[-1].stats.lookups
+    finally:
+        del lm._forward_costs
+    m = re.match(r"verified 0 of (\d+) lookup tokens proposed in the reasoning \((\d+) proposals not at all: no width "
+                 r"paid, their first token right (\d+) of (\d+) times\)", said)
+    assert m, said
+    assert int(m.group(4)) == int(m.group(2)) > 0 and int(m.group(3)) <= int(m.group(4))
+
+
 def test_the_strip_and_the_log_say_what_was_verified(tmp_path, lm):
     from engine.runlog import RunLog, RunMeta
     from ssr_ui.export import logged_view

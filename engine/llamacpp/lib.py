@@ -89,16 +89,15 @@ class Item:
 class Model:
     """A GGUF file loaded by llama.cpp (weights only: contexts hold the KV caches)."""
 
-    def __init__(self, path: str, gpu_layers: int = 0) -> None:
+    def __init__(self, path: str) -> None:
         L = api()
-        params = L.llama_model_default_params()
-        params.n_gpu_layers = gpu_layers
+        params = L.llama_model_default_params()  # every layer on the build's device (a CPU build: the CPU)
         params.use_extra_bufts = os.environ.get("SSR_LLAMA_EXTRA_BUFTS") == "1"  # see the module docstring
         self.ptr = L.llama_model_load_from_file(path.encode(), params)
         if not self.ptr:
             raise LlamaError(f"llama.cpp could not load {path} (not a GGUF file it reads, or an architecture it lacks)")
         self.path = path
-        self._free = _finalizer(self, L.llama_model_free, self.ptr)  # when the model is dropped, or closed
+        _finalizer(self, L.llama_model_free, self.ptr)  # when the model is dropped (its contexts hold it until then)
         vocab = L.llama_model_get_vocab(self.ptr)
         self.vocab_size = int(L.llama_vocab_n_tokens(vocab))
         self.parameters = int(L.llama_model_n_params(self.ptr))
@@ -106,9 +105,6 @@ class Model:
         buf = ctypes.create_string_buffer(256)
         L.llama_model_desc(self.ptr, buf, len(buf))
         self.desc = buf.value.decode(errors="replace")  # "llama 135M Q4_1"
-
-    def close(self) -> None:
-        self._free()
 
 
 class Context:
@@ -123,7 +119,10 @@ class Context:
         cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = cells, batch, ubatch or UBATCH, seqs
         cp.n_threads = cp.n_threads_batch = threads
         cp.kv_unified = True  # forks share cells (seq_cp adds a sequence id to them)
-        cp.swa_full = True  # sliding-window layers keep every cell, so a rollback (seq_rm) can always be undone
+        # a full-size cache for the sliding-window layers too (llama.cpp's default sizes it to the window, and a
+        # verify running past it prunes cells a rollback needs again: ggml-org/llama.cpp#13194); llama.cpp still
+        # reuses cells past a window, which the probe's long-context check meets (forks, rollbacks, departures)
+        cp.swa_full = True
         cp.no_perf = True
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.type_k = cp.type_v = KV_TYPES[kv]
@@ -136,9 +135,14 @@ class Context:
         # freed when dropped or closed; the model (held here) outlives it
         self._free = _finalizer(self, _free_context, L, self.ptr, self._batch, model)
 
+    def _open(self) -> None:
+        if not self.ptr:
+            raise LlamaError("this llama.cpp context was closed")
+
     def decode(self, items: list[Item]) -> np.ndarray:
         """Decode ``items`` (in batches of at most :attr:`batch_size`); the logits of the items that
         ask for them, in order, ``[n, V]`` float32 (a copy: the next decode overwrites llama.cpp's)."""
+        self._open()
         L, b, V = api(), self._batch, self.model.vocab_size
         out = []
         for start in range(0, len(items), self.batch_size):
@@ -160,23 +164,27 @@ class Context:
         return np.concatenate(out) if out else np.zeros((0, V), dtype=np.float32)
 
     def seq_cp(self, src: int, dst: int) -> None:
+        self._open()
         api().llama_memory_seq_cp(self.memory, src, dst, -1, -1)
 
     def seq_rm(self, seq: int, start: int = 0) -> None:
         """Drop sequence ``seq``'s cells from position ``start`` on (0: the whole sequence)."""
+        self._open()
         if not api().llama_memory_seq_rm(self.memory, seq, start, -1):
             raise LlamaError(f"llama.cpp could not remove sequence {seq}'s positions from {start} on")
 
     def clear(self) -> None:
+        self._open()
         api().llama_memory_clear(self.memory, True)
 
     def seq_bytes(self, seq: int) -> int:
         """Bytes of sequence ``seq``'s state (its KV cells, as llama.cpp would save them)."""
+        self._open()
         return int(api().llama_state_seq_get_size(self.ptr, seq))
 
     def close(self) -> None:
         self._free()
-        self.ptr = None
+        self.ptr = self.memory = None
 
 
 def _finalizer(owner, free, *args) -> weakref.finalize:

@@ -27,6 +27,7 @@ from engine.runtime.cache import CacheLayout, Checkpoint, crop
 from engine.runtime.gguf import GGUFError, Progress, gguf_file, is_gguf, local_folder
 from engine.runtime.model import (
     Compiling,
+    MemoryRefused,
     ModelLoadError,
     ThinkMarkers,
     chat_prompt_ids,
@@ -80,7 +81,8 @@ class LlamaModel:
         self.context_length = native.context or None
         self.cell_bytes = 0.0  # KV bytes per cell, measured by the probe
         self.exact: str | bool = False
-        self._contexts: dict[tuple[int, int, str], lib.Context] = {}  # by (cells, sequences, role), reused
+        self.max_cache_bytes: int | None = None  # an operator's bound on one context's KV cells (app --max-cache-gb)
+        self._contexts: dict[tuple[int, str], lib.Context] = {}  # by (cells, role), reused
 
     # ------------------------------------------------------------------ what the loops read
     @property
@@ -141,8 +143,13 @@ class LlamaModel:
         of the same size and ``role``): ``rows`` rows copied at a fork would each hold their own
         tokens past the prefix, which the context's shared cells hold once, so this is room to spare."""
         cells = -(-capacity * rows // CELL_STEP) * CELL_STEP
-        key = (cells, SEQS, role)
+        key = (cells, role)
         ctx = self._contexts.get(key)
+        need = int(cells * self.cell_bytes)
+        if self.max_cache_bytes is not None and need > self.max_cache_bytes:
+            raise MemoryRefused(f"this run's KV cache would take {need / 2**30:.2f} GB ({cells} cells of {self.kv}), beyond "
+                                f"this studio's --max-cache-gb ({self.max_cache_bytes / 2**30:.2f} GB): lower the budgets "
+                                "or the number of drafts")
         if ctx is None:
             if len(self._contexts) >= 4:  # keep a few sizes, not every size a session met
                 self._contexts.pop(next(iter(self._contexts))).close()

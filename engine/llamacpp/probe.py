@@ -7,7 +7,9 @@ difference from it; every check must be **bit-identical** (tolerance 0): llama.c
 route, so a difference anywhere is a batch dependence that greedy SSR could meet at a near tie.
 The checks run SSR's own rows (``engine.llamacpp.rows.SeqRows``):
 
-* multi-token: the stretch in forwards of several widths (a verify);
+* last-only prefill: the prefix decoded with only its last token's logits asked for (a run's
+  prefill), against the same prefix with every token's;
+* verify widths: the stretch in forwards of several widths (a verify);
 * wide: most of the prefix and the stretch in one forward, wider than a micro-batch
   (``engine.llamacpp.lib.UBATCH``: llama.cpp splits it; at 64 tokens a micro-batch would take
   another kernel path, measured to differ);
@@ -15,11 +17,16 @@ The checks run SSR's own rows (``engine.llamacpp.rows.SeqRows``):
 * rollback: every step feeds its token and three wrong ones, then removes them (``seq_rm``);
 * fork: three forked rows beside the main row, each fed its own tokens (``seq_cp``) and rolled
   back, then leaving (the main row's cells must stay in position order: ``engine.llamacpp.rows``);
-* holes: rows keeping different counts, the main row verifying four tokens a step beside a row
-  that keeps one of its four;
-* long context: the stretch after a prefix of :data:`LONG` tokens, fed three at a time, against
-  its own one-token reference (past 512 cells llama.cpp's attention may split a lone token's cells
-  across threads: measured to differ with an f16 KV cache).
+* rows keeping different counts: the main row verifying four tokens a step beside a row that
+  keeps one of its four;
+* long context: after a prefix of :data:`LONG` tokens, the main row verifying three tokens a step
+  beside two forked rows that roll back and then leave, against its own one-token reference (past
+  512 cells llama.cpp's attention may split a lone token's cells across threads: measured to
+  differ with an f16 KV cache; and past a sliding window, llama.cpp reuses cells out of it).
+
+The names are this runtime's own: the torch probe's "multi-token" and "holes" have a route around
+them there (one token a step, rows without holes), which llama.cpp does not take, so a failed
+check here refuses SSR (``Capabilities.failed``).
 
 The result is the ``Capabilities`` the torch runtime's probe gives (``engine.runtime.probe.require``
 refuses a method on it); it also measures the KV bytes per cell. It is kept in the cache
@@ -123,13 +130,14 @@ def _measure(lm, progress=None) -> Capabilities:
         ref, stretch = _reference(ctx, prefix)
         lm.cell_bytes = _cell_bytes(ctx, prefix)
         checks = [
-            _measured("multi-token", lambda: _widths(ctx, prefix, stretch, ref)),
+            _measured("last-only prefill", lambda: _last_only(ctx, prefix, ref)),
+            _measured("verify widths", lambda: _widths(ctx, prefix, stretch, ref)),
             _measured("wide", lambda: _wide(ctx, prefix, stretch, ref)),
             _measured("split prefill", lambda: _split(lm, prefix, stretch, ref)),
             _measured("rollback", lambda: _rollback(ctx, prefix, stretch, ref)),
             _measured("fork", lambda: _fork(ctx, prefix, stretch, ref, lm.native.vocab_size)),
-            _measured("holes", lambda: _holes(ctx, prefix, stretch, ref, lm.native.vocab_size)),
-            _measured("long context", lambda: _long(lm, prefix)),
+            _measured("rows keeping different counts", lambda: _holes(ctx, prefix, stretch, ref, lm.native.vocab_size)),
+            _measured("long context", lambda: _long(lm, prefix, lm.native.vocab_size)),
         ]
     except lib.LlamaError as err:  # the reference itself could not run: plain decoding cannot either
         checks = [Check("one-token decoding", False, error=str(err))]
@@ -177,6 +185,12 @@ def _diff(got: list[torch.Tensor], ref: torch.Tensor) -> float:
 def _prefilled(ctx, prefix: list[int]) -> list[torch.Tensor]:
     ctx.clear()
     return [_decode(ctx, prefix, 0)[-1]]
+
+
+def _last_only(ctx, prefix, ref) -> float:
+    ctx.clear()
+    last = torch.from_numpy(ctx.decode([lib.Item(t, i, 0, i == len(prefix) - 1) for i, t in enumerate(prefix)]))
+    return _diff([last[-1]], ref)
 
 
 def _widths(ctx, prefix, stretch, ref) -> float:
@@ -243,17 +257,26 @@ def _holes(ctx, prefix, stretch, ref, vocab: int) -> float:
     return _diff(got, ref)
 
 
-def _long(lm, prefix: list[int]) -> float:
-    """One prefill of :data:`LONG` tokens; the one-token reference after it, then (rolled back to
-    the prefix, as the rollback check vouches) the same stretch three tokens a forward."""
+def _long(lm, prefix: list[int], vocab: int) -> float:
+    """One prefill of :data:`LONG` tokens; the one-token reference after it; then, rolled back to
+    the prefix (as the rollback check vouches), the same stretch three tokens a forward beside two
+    forked rows fed two tokens and keeping one, which leave a third of the way."""
     long = (prefix * (LONG // len(prefix) + 1))[:LONG]
-    ctx = lm.context(LONG + STRETCH + 64, 1)
+    ctx = lm.context(LONG + 4 * STRETCH + 64)
     try:
         ref, stretch = _reference(ctx, long)
         ctx.seq_rm(0, LONG)
-        got = [ref[0]]
+        rows, got = SeqRows(_Cache(ctx), LONG), [ref[0]]
+        rows.fork()
+        rows.fork()
         for at in range(0, STRETCH, 3):
-            got += list(_decode(ctx, stretch[at : at + 3], LONG + at))
+            feed = stretch[at : at + 3]
+            others = [[(t * 5 + r) % vocab, (t + 7 * r) % vocab] for r, t in zip(range(1, rows.rows), feed, strict=False)]
+            logits = rows.forward([feed, *others])
+            rows.keep([len(feed)] + [1] * (rows.rows - 1))
+            got += list(logits[0, : len(feed)])
+            if at == 3:
+                rows.select([0])
     finally:
         ctx.close()
     return _diff(got, ref)

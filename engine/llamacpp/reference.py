@@ -82,16 +82,19 @@ def compare(lm, problems, runs: list[dict], max_tokens: int, repeat: int = 1) ->
     for r in runs:
         if r["method"] == "baseline":
             wrote.setdefault(r["prompt_id"], []).append(r)
-    own = OwnGeneration(lm)
+    todo = []  # (problem id, prompt ids, tokens to write)
+    for p in problems:
+        base = wrote.get(p.id, [])
+        todo.append((p.id, lm.prompt_ids(p.prompt),
+                     len(base[0]["reasoning_token_ids"]) + len(base[0]["answer_token_ids"]) if base else max_tokens))
+    own = OwnGeneration(lm, cells=max(len(ids) + n for _, ids, n in todo) + 16)
     try:
-        own.generate(lm.prompt_ids(problems[0].prompt), 16)  # warm-up: not a measurement
+        own.generate(todo[0][1], 16)  # warm-up: not a measurement
         rows = []
-        for p in problems:
-            base = wrote.get(p.id, [])
-            n = len(base[0]["reasoning_token_ids"]) + len(base[0]["answer_token_ids"]) if base else max_tokens
+        for pid, ids, n in todo:
             for _ in range(repeat):
-                count, seconds = own.generate(lm.prompt_ids(p.prompt), n)
-                rows.append((p.id, count, seconds))
+                count, seconds = own.generate(ids, n)
+                rows.append((pid, count, seconds))
     finally:
         own.close()
     own_rate = sum(n for _, n, _ in rows) / sum(s for _, _, s in rows)

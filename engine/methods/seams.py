@@ -2,8 +2,9 @@
 
 * :class:`ModelBackend`: what every loop reads of a model, wherever it runs: its tokenizer and
   markers, the prompt template, the run's setup (``check_fits``, ``begin_run``, ``prepare_steps``)
-  and what its stats report. ``engine.runtime.model.LoadedModel`` (in process) and
-  ``engine.remote.model.RemoteModel`` (a vLLM server) both provide it.
+  and what its stats report. ``engine.runtime.model.LoadedModel`` and
+  ``engine.llamacpp.model.LlamaModel`` (in process) and ``engine.remote.model.RemoteModel`` (a vLLM
+  server) provide it.
 * :class:`StepModel`: what the in-process loops also need: forwards on caches they own (through
   the runtime's ``CachedModel`` and the model's row batches), rollbacks, and the transformers
   module itself for the peers that call its ``generate``. ``LoadedModel`` (torch) and

@@ -36,6 +36,9 @@ class Span:
 
 
 class CachedModel:
+    """One sequence's cache on ``lm``: a ``LoadedModel``, or any in-process model that gives the
+    same calls (``engine.llamacpp.model.LlamaModel``: ``new_cache``, ``step_logits``, ``rewind``)."""
+
     def __init__(self, lm: LoadedModel, capacity: int = 256, role: str = "") -> None:
         self.lm = lm
         self.capacity = capacity  # tokens the run may hold (its budgets): the cache is preallocated for them

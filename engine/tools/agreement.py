@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.methods.seams import StepModel
 from engine.runtime.markers import ThinkMarkers
-from engine.runtime.model import LoadedModel
 
 KINDS = ("identical", "numeric", "budget", "length")
 
@@ -71,7 +71,7 @@ class Agreement:
                 "not a numeric one")
 
 
-def agreement(lm: LoadedModel | None, prompt: str, base_ids: list[int], other_ids: list[int],
+def agreement(lm: StepModel | None, prompt: str, base_ids: list[int], other_ids: list[int],
               max_think: int | None = None, name: str = "this run") -> Agreement:
     """Compare ``other_ids`` (``name``'s run) with plain decoding's ``base_ids`` (both reasoning +
     answer). With the runs' ``max_think``, a difference inside a budget-forced marker is told apart.

@@ -66,9 +66,9 @@ class Row:
         """Verify only the first ``k`` tokens of this step's proposal (0: none of it)."""
         if self.proposal is not None and k < len(self.proposal.tokens):
             p = self.proposal
-            self.unverified = None if k else p.tokens[0]
             self._propose(dataclasses.replace(p, tokens=p.tokens[:k], probs=None if p.probs is None else p.probs[:k])
                           if k else None)
+            self.unverified = None if k else p.tokens[0]
 
     def _propose(self, proposal: Proposal | None) -> None:
         """This step's proposal, fed after the unfed tokens."""

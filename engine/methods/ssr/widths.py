@@ -83,7 +83,8 @@ def costs(lm, cfg) -> Costs:
 
 @dataclass
 class Widths:
-    """The main row's lookup widths in one run (see the module's rule)."""
+    """The main row's widths in one run, for one phase and (in the answer) one proposer (see the
+    module's rule)."""
 
     costs: Costs
     # False: every proposal is verified whole (up to think_spec), whatever it costs. For a method whose output
@@ -92,9 +93,11 @@ class Widths:
     by_cost: bool = True
     tries: list[int] = field(default_factory=list)  # per position: verifies that reached it
     hits: list[int] = field(default_factory=list)  # per position: verifies that accepted it
-    proposed: int = 0  # lookup tokens proposed to the main row
+    proposed: int = 0  # tokens proposed to the main row
     verified: int = 0  # of them, verified
     skipped: int = 0  # proposals not verified at all (no width paid)
+    unverified: int = 0  # proposals not verified whose first token was compared with the model's
+    unverified_right: int = 0  # of them, right
     phase: str = "reasoning"  # where these proposals are verified, for :meth:`said`
     what: str = "lookup"  # who proposes them, for :meth:`said`
 
@@ -104,21 +107,26 @@ class Widths:
         hits = self.hits[i] if i < len(self.hits) else 0
         return (hits + 1) / (tries + 2)
 
-    def choose(self, proposed: int, others: int) -> int:
-        """How many of ``proposed`` lookup tokens to verify in a forward that computes ``others``
-        tokens without them (the main row's own, and the drafts' riding)."""
+    def choose(self, proposed: int, others: int, upto: int | None = None) -> int:
+        """How many of ``proposed`` tokens to verify in a forward that computes ``others`` tokens
+        without them (the main row's own, and the drafts' riding). ``upto``: decide over that many
+        (the room a proposal had), whatever this one holds, then stop at what it holds: a sampled
+        draft's length says whether it drew its end, and a width that depended on it would verify
+        its tokens conditioned on what it drew, which speculative sampling's exactness rules out."""
         self.proposed += proposed
+        span = proposed if upto is None else max(upto, proposed)
         base = self.costs.of(others) if self.by_cost else None
-        best, best_rate = proposed, 0.0
+        best, best_rate = span, 0.0
         if base is not None:
             best, best_rate = 0, 1.0  # verifying nothing: one token for the step's own cost
             expected, reach = 1.0, 1.0
-            for k in range(1, proposed + 1):
+            for k in range(1, span + 1):
                 reach *= self.p(k - 1)
                 expected += reach
                 rate = expected / (self.costs.of(others + k) / base)
                 if rate > best_rate:
                     best, best_rate = k, rate
+        best = min(best, proposed)
         self.verified += best
         self.skipped += best == 0
         return best
@@ -129,8 +137,12 @@ class Widths:
             self._count(i, i < accepted)
 
     def observe_unverified(self, first_right: bool) -> None:
-        """A proposal not verified at all: whether its first token is the one the model chose."""
+        """A proposal not verified at all: whether its first token is the one the model chose (what
+        its verify would have accepted; only for proposals without a draft's probabilities, whose
+        verify accepts by the ratio of the two models' probabilities instead)."""
         self._count(0, first_right)
+        self.unverified += 1
+        self.unverified_right += first_right
 
     def _count(self, i: int, hit: bool) -> None:
         if i == len(self.tries):
@@ -139,19 +151,20 @@ class Widths:
         self.tries[i] += 1
         self.hits[i] += hit
 
-    def said(self, cost: bool = True) -> str:
-        """The run's widths in words, with what a wide forward cost on this model (``cost``)."""
+    def said(self, with_cost: bool = True) -> str:
+        """The run's widths in words, with what a wide forward cost on this model (``with_cost``)."""
         if not self.proposed:
             return ""
         one = self.costs.of(1)
         wide = self.costs.widths[-1] if self.costs.widths else 1
         cost = f"; a {wide}-token forward cost {self.costs.of(wide) / one:.2f}x a 1-token one here" \
-            if cost and one and wide > 1 else ""
+            if with_cost and one and wide > 1 else ""
+        right = f", their first token right {self.unverified_right} of {self.unverified} times" if self.unverified else ""
         return (f"verified {self.verified} of {self.proposed} {self.what} tokens proposed in the {self.phase} "
-                f"({self.skipped} proposals not at all: no width paid){cost}")
+                f"({self.skipped} proposals not at all: no width paid{right}){cost}")
 
 
 def said(widths: list[Widths]) -> str:
     """Several :class:`Widths` in words (the reasoning's, then the answer's proposers')."""
     spoken = [w for w in widths if w.proposed]
-    return "; ".join(w.said(cost=w is spoken[-1]) for w in spoken)
+    return "; ".join(w.said(with_cost=w is spoken[-1]) for w in spoken)
