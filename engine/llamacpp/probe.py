@@ -36,13 +36,10 @@ and build, the contexts' settings, this package's source), and read back by the 
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -50,7 +47,7 @@ import torch
 from engine.llamacpp import lib
 from engine.llamacpp.rows import SeqRows
 from engine.runtime.gguf import cache_dir
-from engine.runtime.probe import Capabilities, Check
+from engine.runtime.probe import Capabilities, Check, read_record, write_record
 
 PREFIX = 80  # tokens before the stretch: past 64, where llama.cpp's micro-batches would change kernel path
 STRETCH = 16  # tokens fed after the prefix
@@ -68,7 +65,7 @@ def probe(lm, progress=None) -> Capabilities:
     if caps is None:
         caps = _measure(lm, progress)
         if all(c.error is None for c in caps.checks):
-            _write(lm, path, ident, caps)
+            write_record(path, ident, caps, cell_bytes=lm.cell_bytes)
     lm._capabilities = caps  # what engine.runtime.probe.capabilities returns for this model
     return caps
 
@@ -88,35 +85,15 @@ def _digest(ident: dict) -> str:
 
 
 def _read(lm, path: Path, ident: dict) -> Capabilities | None:
+    found = read_record(path, ident)
+    if found is None:
+        return None
+    caps, record = found
     try:
-        record = json.loads(path.read_text())
-        if record["identity"] != ident:
-            return None
-        saved = dict(record["capabilities"])
-        checks = tuple(Check(**c) for c in saved.pop("checks"))
-        caps = Capabilities(checks=checks, **saved, cached=str(record["measured"]))
         lm.cell_bytes = float(record["cell_bytes"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError, ValueError):
         return None
     return caps
-
-
-def _write(lm, path: Path, ident: dict, caps: Capabilities) -> None:
-    """Keep ``caps`` at ``path``, written whole or not at all (a cache that cannot be written: the next load probes)."""
-    saved = dataclasses.asdict(caps)
-    del saved["cached"]
-    record = {"identity": ident, "measured": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-              "capabilities": saved, "cell_bytes": lm.cell_bytes}
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=1)
-        os.replace(tmp, path)
-    except OSError:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
 
 
 def _measure(lm, progress=None) -> Capabilities:

@@ -218,17 +218,51 @@ def _cache_file(lm: LoadedModel, identity: dict) -> Path:
     return cache_dir() / "probe" / f"{name}-{key}.json"
 
 
-def _read(lm: LoadedModel, path: Path, identity: dict) -> Capabilities | None:
-    """The cached result at ``path``, applied to ``lm`` as the probe would have (its routes, its
-    cache class, a slot's bytes); None where there is none, it does not parse or its identity is
-    not ``identity``."""
+def read_record(path: Path, identity: dict) -> tuple[Capabilities, dict] | None:
+    """A probe's cached result at ``path`` and its whole record (what else the probe kept); None
+    where there is none, it does not parse or its identity is not ``identity``. For this probe
+    and llama.cpp's (``engine.llamacpp.probe``)."""
     try:
         record = json.loads(path.read_text())
         if record["identity"] != identity:
             return None
         saved = dict(record["capabilities"])
         checks = tuple(Check(**c) for c in saved.pop("checks"))
-        caps = Capabilities(checks=checks, **saved, cached=str(record["measured"]))
+        return Capabilities(checks=checks, **saved, cached=str(record["measured"])), record
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def write_record(path: Path, identity: dict, caps: Capabilities, **kept) -> None:
+    """Keep ``caps`` (and what else the probe measured: ``kept``) at ``path`` under ``identity``,
+    written whole or not at all (a cache that cannot be written, a read-only home: the next load
+    probes again)."""
+    saved = asdict(caps)
+    del saved["cached"]
+    record = {"identity": identity, "measured": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+              "capabilities": saved, **kept}
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1)
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def _read(lm: LoadedModel, path: Path, identity: dict) -> Capabilities | None:
+    """The cached result at ``path``, applied to ``lm`` as the probe would have (its routes, its
+    cache class, a slot's bytes); None where there is none, it does not parse or its identity is
+    not ``identity``."""
+    found = read_record(path, identity)
+    if found is None:
+        return None
+    caps, record = found
+    checks = caps.checks
+    try:
         own = _cache_class(record["cache_class"])
         holes_unsafe, shared_unsafe, slot_bytes = record["holes_unsafe"], record["shared_unsafe"], record["slot_bytes"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError):
@@ -257,23 +291,10 @@ def _cache_class(name: str | None) -> type | None | bool:
 
 
 def _write(lm: LoadedModel, path: Path, identity: dict, caps: Capabilities) -> None:
-    """Keep ``caps`` (and what the probe set on ``lm``) at ``path``, written whole or not at all."""
+    """Keep ``caps`` and what the probe set on ``lm`` at ``path``."""
     own = lm._plan()[0]
-    saved = asdict(caps)
-    del saved["cached"]
-    record = {"identity": identity, "measured": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-              "capabilities": saved, "holes_unsafe": lm.holes_unsafe, "shared_unsafe": lm.shared_unsafe, "slot_bytes": lm.slot_bytes,
-              "cache_class": None if own is None else f"{own.__module__}:{own.__qualname__}"}
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=1)
-        os.replace(tmp, path)
-    except OSError:  # a cache that cannot be written (a read-only home): the next load probes again
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+    write_record(path, identity, caps, holes_unsafe=lm.holes_unsafe, shared_unsafe=lm.shared_unsafe,
+                 slot_bytes=lm.slot_bytes, cache_class=None if own is None else f"{own.__module__}:{own.__qualname__}")
 
 
 def _measure(lm: LoadedModel) -> Capabilities:

@@ -450,13 +450,16 @@ def answer_by_verification(s: SSRState, budget: SSRBudget) -> Iterator[Event]:
                 break
         # as many of its tokens as pay on this model (engine.methods.ssr.widths); none: its first token is still
         # compared with the verifier's, as its verify would have
-        widths = s.answer_widths(prop.label) if prop is not None else None
+        # A draft's prefix is verified whole, as the paper does: it is the drafts' own answer, taken at once where
+        # it is right (and under sampling its length says whether the draft drew its end, which must not decide
+        # what is verified). The lookups (deterministic proposals) are verified as far as they pay.
+        widths = s.answer_widths(prop.label) if prop is not None and prop.probs is None and \
+            prop.status != "accepted" else None
         unverified = None
-        if widths is not None:  # a draft's sampled proposal: the width is decided over the room, not its length
-            k = widths.choose(len(prop.tokens), len(s.unfed), room if prop.probs is not None else None)
+        if widths is not None:
+            k = widths.choose(len(prop.tokens), len(s.unfed))
             if k == 0:
-                unverified = prop.tokens[0] if prop.probs is None else None  # (a sampled one's odds are not p's)
-                prop = None
+                unverified, prop = prop.tokens[0], None
             elif k < len(prop.tokens):
                 prop = dataclasses.replace(prop, tokens=prop.tokens[:k], probs=None if prop.probs is None else prop.probs[:k])
         proposed = prop.tokens if prop else []
@@ -466,7 +469,7 @@ def answer_by_verification(s: SSRState, budget: SSRBudget) -> Iterator[Event]:
         t1 = s.forward_end
         if widths is not None and prop is not None:
             widths.observe(len(proposed), accepted)
-        elif widths is not None and unverified is not None:
+        elif widths is not None:
             widths.observe_unverified(nxt == unverified)
         # 3. accept; a draft's end, accepted, ends the answer. What a draft won is a draft's own only where
         #    the lookups (when on) would not have proposed it at this step (RunStats.draft_saved)

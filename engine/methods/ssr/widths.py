@@ -107,26 +107,24 @@ class Widths:
         hits = self.hits[i] if i < len(self.hits) else 0
         return (hits + 1) / (tries + 2)
 
-    def choose(self, proposed: int, others: int, upto: int | None = None) -> int:
+    def choose(self, proposed: int, others: int) -> int:
         """How many of ``proposed`` tokens to verify in a forward that computes ``others`` tokens
-        without them (the main row's own, and the drafts' riding). ``upto``: decide over that many
-        (the room a proposal had), whatever this one holds, then stop at what it holds: a sampled
-        draft's length says whether it drew its end, and a width that depended on it would verify
-        its tokens conditioned on what it drew, which speculative sampling's exactness rules out."""
+        without them (the main row's own, and the drafts' riding). For deterministic proposals only
+        (lookups): a sampled draft's length says whether it drew its end, and a width that depended
+        on it would verify its tokens conditioned on what it drew, which speculative sampling's
+        exactness rules out."""
         self.proposed += proposed
-        span = proposed if upto is None else max(upto, proposed)
         base = self.costs.of(others) if self.by_cost else None
-        best, best_rate = span, 0.0
+        best, best_rate = proposed, 0.0
         if base is not None:
             best, best_rate = 0, 1.0  # verifying nothing: one token for the step's own cost
             expected, reach = 1.0, 1.0
-            for k in range(1, span + 1):
+            for k in range(1, proposed + 1):
                 reach *= self.p(k - 1)
                 expected += reach
                 rate = expected / (self.costs.of(others + k) / base)
                 if rate > best_rate:
                     best, best_rate = k, rate
-        best = min(best, proposed)
         self.verified += best
         self.skipped += best == 0
         return best
@@ -138,8 +136,7 @@ class Widths:
 
     def observe_unverified(self, first_right: bool) -> None:
         """A proposal not verified at all: whether its first token is the one the model chose (what
-        its verify would have accepted; only for proposals without a draft's probabilities, whose
-        verify accepts by the ratio of the two models' probabilities instead)."""
+        its verify, of a deterministic proposal, would have accepted)."""
         self._count(0, first_right)
         self.unverified += 1
         self.unverified_right += first_right
