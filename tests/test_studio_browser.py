@@ -565,7 +565,15 @@ def test_31_the_timeline_shows_every_method_live_and_replayed(app, browser, widt
         assert lanes[0] == "main" and "draft 0" in lanes, lanes
         html = page.locator("#timeline").inner_html()
         assert "forked after" in html and "end of thinking" in html and "Acceptance per verify" in html
-        page.locator("#timeline [aria-label='main lane'] .tl-bar").last.click()  # the answer's last verify
+        # the answer's last verify that chose a token (a run that ends on the model's end of sequence ends on a
+        # forward that chose none: its bar has no token to light up)
+        bars = page.locator("#timeline [aria-label='main lane'] .tl-bar")
+        last = page.evaluate("""() => {
+            const chose = new Set([...document.querySelectorAll('.tok[data-f]')].map(t => t.dataset.f));
+            const bars = [...document.querySelectorAll("#timeline [aria-label='main lane'] .tl-bar")];
+            return bars.map((b, i) => chose.has(b.dataset.f) ? i : -1).filter(i => i >= 0).pop();
+        }""")
+        bars.nth(last).click()
         page.wait_for_function("document.querySelectorAll('.tok.hl').length > 0", timeout=5_000)
         highlighted = page.evaluate("[...document.querySelectorAll('.tok.hl')].map(t => t.closest('[id]')?.id)")
         assert highlighted, "the bar's tokens are highlighted"
