@@ -10,7 +10,7 @@ logits for a sequence whatever the batch around it) is measured on the loaded mo
 
 >>> lm = load_llama("smollm2-135m-instruct", threads=2)
 >>> lm.step_mode
-'llama.cpp (llama 135M Q4_1, cpu, 2 threads)'
+'llama.cpp (llama 256M Q4_1, q8_0 KV, flash attention, cpu, 2 threads)'
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from engine.runtime.model import (
     ModelLoadError,
     ThinkMarkers,
     chat_prompt_ids,
+    check_fits,
+    eos_ids,
     find_markers,
     require_markers,
     resolve_model_path,
@@ -107,11 +109,7 @@ class LlamaModel:
         return require_markers(self.markers, self.model_id)
 
     def check_fits(self, prompt_tokens: int, new_tokens: int) -> None:
-        limit = self.context_length
-        if limit and prompt_tokens + new_tokens > limit:
-            raise ValueError(f"the prompt is {prompt_tokens} tokens and this run may add {new_tokens} more, beyond "
-                             f"{self.model_id}'s context of {limit} positions: shorten the prompt or lower max_think / "
-                             "max_answer")
+        check_fits(self.context_length, self.model_id, prompt_tokens, new_tokens)
 
     def begin_run(self, exact: str | bool = False, compile: str = "off") -> None:
         """``exact``: held where the probe found every batch shape bit-identical to one-token decoding
@@ -215,6 +213,8 @@ def load_llama(name: str, threads: int | None = None, progress: Progress | None 
     why = lib.missing()
     if why:
         raise ModelLoadError(f"the llama.cpp runtime is not available: {why}")
+    if kv not in lib.KV_TYPES:
+        raise ModelLoadError(f"unknown KV cache type {kv!r}; choose from {', '.join(lib.KV_TYPES)}")
     path, preset = resolve_model_path(name)
     if not is_gguf(path):
         raise ModelLoadError(f"the llama.cpp runtime runs GGUF files: {name!r} is not one (name a .gguf file, a folder "
@@ -228,17 +228,15 @@ def load_llama(name: str, threads: int | None = None, progress: Progress | None 
     if progress is not None:
         progress(f"loading {Path(file).name} on llama.cpp ({lib.version()})")
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    eos = {tokenizer.eos_token_id} - {None}
-    with contextlib.suppress(OSError):
-        gen = GenerationConfig.from_pretrained(folder).eos_token_id
-        eos.update(gen if isinstance(gen, list) else [gen] if gen is not None else [])
+    try:
+        generation = GenerationConfig.from_pretrained(folder)
+    except OSError:  # the folder holds none
+        generation = None
     try:
         native = lib.Model(str(file))
     except lib.LlamaError as err:
         raise ModelLoadError(str(err)) from None
-    if kv not in lib.KV_TYPES:
-        raise ModelLoadError(f"unknown KV cache type {kv!r}; choose from {', '.join(lib.KV_TYPES)}")
-    lm = LlamaModel(native, tokenizer, name, find_markers(tokenizer, preset), frozenset(int(e) for e in eos),
+    lm = LlamaModel(native, tokenizer, name, find_markers(tokenizer, preset), eos_ids(tokenizer, generation),
                     threads or torch.get_num_threads(), kv, flash)
     if lm.native.vocab_size < len(tokenizer):
         raise ModelLoadError(f"{name}: llama.cpp reads {lm.native.vocab_size} tokens from the file, the tokenizer "

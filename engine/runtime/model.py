@@ -102,6 +102,30 @@ def resolve_model_path(name: str | None) -> tuple[str, Preset | None]:
     return name, by_id.get(name)
 
 
+def eos_ids(tokenizer, generation_config=None) -> frozenset[int]:
+    """The ids that end a sequence: the tokenizer's, and the generation config's (one or a list)."""
+    eos = set()
+    for source in (tokenizer.eos_token_id, getattr(generation_config, "eos_token_id", None)):
+        eos.update(source if isinstance(source, list) else [source] if source is not None else [])
+    return frozenset(int(e) for e in eos)
+
+
+def check_fits(limit: int | None, model_id: str, prompt_tokens: int, new_tokens: int) -> None:
+    """ValueError, before anything runs, when a run could pass a context of ``limit`` positions
+    (None: no known limit)."""
+    if limit and new_tokens >= limit:  # the budgets alone pass it: no prompt is short enough
+        raise ValueError(
+            f"this run may add {new_tokens} tokens (max_think + max_answer), beyond {model_id}'s context of "
+            f"{limit} positions before any prompt: lower max_think / max_answer (with this {prompt_tokens}-token "
+            f"prompt, at most {max(limit - prompt_tokens, 0)} in all)")
+    if limit and prompt_tokens + new_tokens > limit:
+        raise ValueError(
+            f"the prompt is {prompt_tokens} tokens and this run may add {new_tokens} more "
+            f"({prompt_tokens + new_tokens} in all), beyond {model_id}'s context of {limit} positions: "
+            f"shorten the prompt (at most {max(limit - new_tokens, 0)} tokens with these budgets) or lower "
+            "max_think / max_answer")
+
+
 class LoadedModel:
     """A causal LM, its tokenizer and its think markers, on one device."""
 
@@ -115,10 +139,7 @@ class LoadedModel:
         self.markers = markers
         self.preset = preset
         self.device = next(model.parameters()).device
-        eos = set()
-        for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-            eos.update(source if isinstance(source, list) else [source] if source is not None else [])
-        self.eos_ids = frozenset(int(e) for e in eos)
+        self.eos_ids = eos_ids(tokenizer, model.generation_config)
         self.num_parameters = sum(p.numel() for p in model.parameters())
         self.exact: str | bool = False  # the current run's exact route, "rows" or "fixed" (set by begin_run)
         self.compiled: CompiledSteps | None = None  # the current run's compiled steps (set by begin_run)
@@ -176,19 +197,7 @@ class LoadedModel:
 
     def check_fits(self, prompt_tokens: int, new_tokens: int) -> None:
         """ValueError, before anything runs, when a run could pass the model's context length."""
-        limit = self.context_length
-        if limit and new_tokens >= limit:  # the budgets alone pass it: no prompt is short enough
-            raise ValueError(
-                f"this run may add {new_tokens} tokens (max_think + max_answer), beyond {self.model_id}'s context of "
-                f"{limit} positions before any prompt: lower max_think / max_answer (with this {prompt_tokens}-token "
-                f"prompt, at most {max(limit - prompt_tokens, 0)} in all)")
-        if limit and prompt_tokens + new_tokens > limit:
-            raise ValueError(
-                f"the prompt is {prompt_tokens} tokens and this run may add {new_tokens} more "
-                f"({prompt_tokens + new_tokens} in all), beyond {self.model_id}'s context of {limit} positions: "
-                f"shorten the prompt (at most {max(limit - new_tokens, 0)} tokens with these budgets) or lower "
-                "max_think / max_answer")
-
+        check_fits(self.context_length, self.model_id, prompt_tokens, new_tokens) 
     def require_markers(self) -> ThinkMarkers:
         return require_markers(self.markers, self.model_id)
 
