@@ -219,8 +219,12 @@ def test_bench_grades_the_bundled_suite_through_math_verify_and_logs_the_dataset
 
 def test_the_bench_and_the_benchmark_tab_agree_on_the_same_file(tmp_path):
     """The same file and settings through ``python -m engine.tools.bench`` and the studio's
-    Benchmark tab: the same answers, the same grades, latency spreads (IQR) that overlap."""
-    from engine.benchmarks.summary import iqr
+    Benchmark tab: the same answers, the same grades, and the same verdict from the same runs.
+
+    Two timings taken a minute apart agree only when the machine lets them (CI's busy machine once
+    gave baseline IQRs of 0.32-0.46 s against 0.20-0.24 s), so the rule is tested, not the clock:
+    the tab, handed the CLI's own runs, says the CLI's own verdicts, word for word."""
+    from engine.benchmarks.summary import verdict_lines
     from ssr_ui.handlers import Studio
 
     rows = [{"id": ex.id, "prompt": ex.prompt, "reference": ex.reference, "suite": ex.suite}
@@ -240,9 +244,11 @@ def test_the_bench_and_the_benchmark_tab_agree_on_the_same_file(tmp_path):
         bench_runs = {(r["prompt_id"], r["answer_text"], r["correct"]) for r in by_bench if r["method"] == m}
         tab_runs = {(r["prompt_id"], r["answer_text"], bool(r["correct"])) for r in by_tab if r["method"] == m}
         assert bench_runs == tab_runs, m  # same answers, same grades: the same accuracy
-        lo_b, hi_b = iqr([r["latency_s"] for r in by_bench if r["method"] == m])
-        lo_t, hi_t = iqr([r["wall_s"] for r in by_tab if r["method"] == m])
-        assert lo_b <= hi_t and lo_t <= hi_b, (m, (lo_b, hi_b), (lo_t, hi_t))
+    # the CLI logged to no run log (no --db), so it judged its runs against no history: the tab, given the
+    # same runs and the same (empty) history, says the same verdict lines the CLI wrote
+    cli_said = verdict_lines(json.loads(out.read_text())["summary"])
+    assert [line.split(":")[0] for line in cli_said] == ["ssr vs baseline"]
+    assert Studio._bench_frame(by_bench, 8, "done", True, None, []).verdicts == cli_said
     frame = frames[-1]
     assert frame.summary["headers"][:2] == ["method", "accuracy"] and len(frame.runs["data"]) == 8
     # issue 43 (c): every run's log id (the one History's "run id" box takes) in the runs table and on the
