@@ -16,10 +16,10 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from engine.methods.rsd.acceptance import WEIGHTINGS
 from engine.runtime.compiled import COMPILE_MODES
 from engine.runtime.fixed import ROUTES as EXACT_ROUTES
 
+WEIGHTINGS = ("binary", "constant", "clipping", "sigmoidal", "logistic")  # RSD's acceptance rules
 MAX_COUNT = 1_000_000  # an upper bound on every token count and interval (far beyond any model's context)
 MAX_SEED = 2**63 - 1  # the largest seed (torch.Generator takes a signed 64-bit integer)
 MAX_TEMPERATURE = 2.0  # the hottest sampling allowed; the studio's slider and the API share this range

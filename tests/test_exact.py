@@ -13,10 +13,10 @@ import functools
 import pytest
 import torch
 
+from engine.benchmarks.agreement import agreement
 from engine.config import RunConfig
 from engine.methods.baseline import decode_baseline
 from engine.methods.ssr.loop import decode_ssr
-from engine.tools.agreement import agreement
 from engine.tools.gpu_check import logits_beside as _logits
 from tests.tiny import make_model
 

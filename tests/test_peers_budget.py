@@ -11,13 +11,13 @@ import functools
 
 import pytest
 
+from engine.benchmarks.agreement import agreement
 from engine.config import RunConfig
 from engine.events import DoneEvent, TokenEvent
 from engine.methods.baseline import decode_baseline
 from engine.registry import decoder
 from engine.runtime.markers import ThinkMarkers
 from engine.runtime.model import LoadedModel
-from engine.tools.agreement import agreement
 from tests.tiny import current_token_only, make_model, with_tokens
 
 PEERS = ("hf", "hf-pld", "hf-static")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.tools.synthetic import EVAL_SEED_BASE, check, make_example
+from engine.answers import check
+from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")

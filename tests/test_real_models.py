@@ -89,7 +89,7 @@ def test_greedy_ssr_equals_baseline_on_smollm2(dtype):
     width-invariant: bitwise equal, or refused before the run with the measured reason."""
     import torch
 
-    from engine.tools.agreement import agreement
+    from engine.benchmarks.agreement import agreement
 
     lm = smollm2(dtype)
     cfg = CFG if dtype == "float32" else CFG.replace(exact=True)

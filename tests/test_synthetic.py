@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from engine.tools.synthetic import EVAL_SEED_BASE, check, extract_code, last_boxed, main, make_example
+from engine.answers import check, extract_code, last_boxed
+from engine.tools.synthetic import EVAL_SEED_BASE, main, make_example
 from engine.training.data import corrupted_steps, truncated_class_example
 
 

@@ -477,7 +477,7 @@ def test_a_replay_an_import_and_the_html_export_keep_the_token_level_check(tmp_p
     assert "same as baseline ✔ identical" in flat(fresh.import_trace(fresh.export(ssr, "json")).metrics)
     page = Path(fresh.export(ssr, "html")).read_text(encoding="utf-8")
     assert "same as baseline" in page and "✔ identical" in page and "same answer" not in page
-    from engine.tools.agreement import agreement
+    from engine.benchmarks.agreement import agreement
 
     assert str(agreement(None, prompt, [1, 2, 3], [1, 2, 4])) == (
         "diverged at token 2 (its top-2 logit margin is measured where the model is loaded)")

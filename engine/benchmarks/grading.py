@@ -8,7 +8,7 @@
 * ``choice``: the letter the answer picks (``\\boxed{C}``, "the answer is (C)", a lone "C").
 * ``code`` and ``free``: agreement with baseline's answer on the same problem (identical greedy
   output is SSR's claim; code compares the first fenced block). Baseline itself is not graded.
-* a bundled suite (``task == "suite"``): its own checker (``engine.tools.synthetic.check``).
+* a bundled suite (``task == "suite"``): its own checker (``engine.answers.check``).
 * ``--grader module:function``: the user's ``function(answer, reference) -> bool | None`` for every
   problem instead.
 """
@@ -22,8 +22,8 @@ import re
 import threading
 from collections.abc import Callable
 
-from engine.benchmarks.problems import LETTERS, Problem, last_boxed
-from engine.tools.synthetic import check, extract_code
+from engine.answers import check, extract_code, last_boxed
+from engine.benchmarks.problems import LETTERS, Problem
 
 MATH_TIMEOUT_S = 10.0  # per answer; sympy can take minutes on an adversarial expression
 START_TIMEOUT_S = 120.0  # the worker's import of math-verify and sympy

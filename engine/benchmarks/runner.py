@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from engine.benchmarks.agreement import agreement
 from engine.benchmarks.grading import Grader
 from engine.benchmarks.problems import Problem
 from engine.config import RunConfig
@@ -20,7 +21,6 @@ from engine.methods.rsd.loop import RSD_METHODS
 from engine.methods.seams import StepModel
 from engine.registry import LOSSY, SINGLE_MODEL, decoder
 from engine.runlog import RunLog, RunMeta, prompt_hash
-from engine.tools.agreement import agreement
 
 # the studio wraps each run's events (its job's claim on the run's end): (events, last run) -> events
 Wrap = Callable[[Iterable, bool], Iterable]

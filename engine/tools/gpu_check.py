@@ -50,6 +50,7 @@ from pathlib import Path
 
 import torch
 
+from engine.benchmarks.agreement import agreement
 from engine.config import RunConfig
 from engine.methods.baseline import decode_baseline
 from engine.methods.ssr.loop import decode_ssr
@@ -65,7 +66,6 @@ from engine.runtime.model import (
     pick_device,
     random_weights_model,
 )
-from engine.tools.agreement import agreement
 from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 
 SMALL = dict(num_hidden_layers=4, hidden_size=128, intermediate_size=384, num_attention_heads=4,

@@ -25,10 +25,11 @@ import statistics
 import sys
 from pathlib import Path
 
+from engine.answers import check
 from engine.events import StepEvent
 from engine.methods.rsd.loop import decode_rsd
 from engine.runtime.model import ModelLoadError
-from engine.tools.synthetic import check, make_arithmetic_example
+from engine.tools.synthetic import make_arithmetic_example
 from engine.wiring import load_role, load_scorer, run_config
 
 

@@ -1,4 +1,4 @@
-"""Synthetic task suites with exact references and checkers.
+"""Synthetic task suites with exact references (their checker: ``engine.answers.check``).
 
 Two suites, each a deterministic function of a seed:
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 from dataclasses import dataclass
 
 EVAL_SEED_BASE = 1_000_000  # training seeds are < this, held-out evaluation seeds are >= this
@@ -182,39 +181,6 @@ def make_example(suite: str, seed: int) -> Example:
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; choose one of {', '.join(SUITES)}")
     return SUITES[suite](seed)
-
-
-# ----------------------------------------------------------------------------- checkers
-
-_FENCE = re.compile(r"```(?:python)?\n(.*?)(?:\n```|$)", re.DOTALL)
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-
-
-def extract_code(answer: str) -> str:
-    """The first fenced code block of ``answer`` (or the whole answer when it has none)."""
-    m = _FENCE.search(answer)
-    return (m.group(1) if m else answer).strip()
-
-
-def last_boxed(answer: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` in ``answer``, or None."""
-    found = _BOXED.findall(answer)
-    return found[-1].strip() if found else None
-
-
-def check(suite: str | None, answer: str, reference: str) -> bool | None:
-    """Whether ``answer`` is correct; None when no checker applies.
-
-    ``classes``: exact code match (fences stripped). ``arithmetic``: the last ``\\boxed{}`` value.
-    Without a suite name, a numeric reference selects the boxed checker and any other the code one.
-    """
-    if suite is None:
-        suite = "arithmetic" if re.fullmatch(r"-?\d+", reference.strip()) else "classes"
-    if suite == "classes":
-        return extract_code(answer) == reference.strip()
-    if suite == "arithmetic":
-        return last_boxed(answer) == reference.strip()
-    return None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 
+from engine.answers import check
 from engine.methods.rsd.prm import MathShepherdScorer
 from engine.presets import BUNDLED_DIR
 from engine.runtime.model import LoadedModel
-from engine.tools.synthetic import EVAL_SEED_BASE, check, make_arithmetic_example, make_example
+from engine.tools.synthetic import EVAL_SEED_BASE, make_arithmetic_example, make_example
 from engine.training.data import corrupted_steps, prompt_text
 from engine.training.specs import SPECS
 

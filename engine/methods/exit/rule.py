@@ -20,11 +20,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from engine.answers import last_boxed
+
 
 def answer_key(text: str) -> str | None:
     """What two drafts must share to agree (None: a draft with no answer in it, not one letter or
     digit: empty, or only a code fence or punctuation; it agrees with nothing)."""
-    boxed = _last_boxed(text)
+    boxed = last_boxed(text)
     if boxed is not None:
         return _key("boxed", re.sub(r"\s+", "", boxed))
     code = re.search(r"```[^\n]*\n(.*?)(?:```|$)", text, flags=re.DOTALL)
@@ -36,19 +38,6 @@ def answer_key(text: str) -> str | None:
 
 def _key(kind: str, body: str) -> str | None:
     return f"{kind}:{body}" if re.search(r"\w", body) else None
-
-
-def _last_boxed(text: str) -> str | None:
-    """The contents of the last ``\\boxed{...}`` (braces balanced), or None."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 0, start + len("\\boxed")
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i + 1 : j]
-    return None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-WEIGHTINGS = ("binary", "constant", "clipping", "sigmoidal", "logistic")
+from engine.config import WEIGHTINGS
 
 
 def weight(weighting: str, reward: float, threshold: float = 0.7, param: float = 1.0) -> float:
