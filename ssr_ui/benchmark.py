@@ -6,6 +6,11 @@ the same answers, grades and verdicts. Each finished run updates a progress bar,
 (``summary.verdict_lines``), the per-run table (with each run's log id) and the charts History
 draws (their x axis: the same ids); Stop ends it at the next event (the run in flight is logged
 ``cancelled``); every run is logged with its dataset, which History filters by.
+
+On a shared studio (``ssr_ui.public``) a benchmark is at most ``max_benchmark_runs`` runs, refused
+before anything is read, and it takes turns for the model (``ssr_ui.waiting``): before each run,
+when other visitors' jobs wait, it gives them the model and queues again behind them, so a job
+submitted while a benchmark runs waits for one run of it, not for all of them.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.benchmarks.problems import BUNDLED_SETS, TASKS, Source, is_file_spec, is_hub_spec, load_problems, reach_hub
+from engine.benchmarks.problems import BUNDLED_SETS, TASKS, Source, load_problems, reach_hub
 from engine.benchmarks.runner import Bench
 from engine.benchmarks.summary import summarize, table_cells, tokens_per_forward, verdict_lines
 from engine.config import number
@@ -29,6 +34,7 @@ from engine.runtime.model import ModelLoadError, SSRUnsupportedError
 from ssr_ui import charts
 from ssr_ui.jobs import Job, claimed
 from ssr_ui.render import error_html
+from ssr_ui.waiting import Ticket
 
 # what the tab offers ("target": RSD's target alone; "ssr-exit": SSR early exit, lossy; "ssr-lookups": the ablation,
 # SSR's lookups alone: what the drafts add is SSR against it)
@@ -92,6 +98,20 @@ def _as_logged(runs: list[dict], configs: dict | None = None) -> list[dict]:
              "correct": r.get("correct")} for n, r in enumerate(runs, 1)][::-1]
 
 
+class StoppedInLine(ValueError):
+    """A benchmark stopped while it waited for its next turn: that run never began (a ``ValueError``
+    before a run's first event: the run log keeps no row of it)."""
+
+
+def _returned(steps: Iterator):
+    """Drain a generator (its status lines unread) and return what it returns."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value
+
+
 class BenchmarkRuns:
     """The Benchmark tab's handler, over the studio's models (``self.model``, ``self.scorer``), run
     log, settings (``self.config``), line for the model (``self.in_line``, ``self.line``) and shared-studio rules
@@ -126,16 +146,18 @@ class BenchmarkRuns:
         spec, shown = (upload, Path(upload).name) if upload else ((dataset or "").strip(), None)
         if not spec:
             raise ValueError("upload a file or name a dataset first")
-        if not upload and spec not in BUNDLED_SETS and is_file_spec(spec):  # the server's files are not the user's
+        self.public.vet_source(spec, uploaded=bool(upload))  # a shared studio's visitor: the Hub or their upload
+        source = Source(spec, question_field.strip() or None, answer_field.strip() or None,
+                        None if task == "auto" else task, None, int(limit), seed, hub_only=self.public.on and not upload)
+        if not upload and spec not in BUNDLED_SETS and source.file:  # the server's files are not the user's
             raise ValueError(f"{spec!r} looks like a file: upload it above (this box takes a dataset name or "
                              f"{' / '.join(BUNDLED_SETS)})")
-        source = Source(spec, question_field.strip() or None, answer_field.strip() or None,
-                        None if task == "auto" else task, None, int(limit), seed)
         self.vet(model_name, draft_model, prm)  # a shared studio's list, before any setting is read
         cfg = self.config(model_name, **settings)  # every setting checked before anything is read or loaded
         if set(SSR_LOOP) & set(methods):
             cfg.check_ssr()
-        if not upload and is_hub_spec(spec):
+        self.public.check_benchmark(int(limit), int(repeat), len(set(methods)))  # a shared studio's bound
+        if not upload and source.file is None:  # a Hub dataset
             for status in reach_hub():
                 yield BenchFrame(progress_html(0, 1, f"{status}…"))
         yield BenchFrame(progress_html(0, 1, f"reading {shown or spec}…"))
@@ -174,8 +196,16 @@ class BenchmarkRuns:
             yield BenchFrame(progress_html(0, total, f"run 1 of {total} in flight ({label}; timed)…"))
             drawn = charted = -CHARTS_S
             said: list[str] = []  # the verdicts of the last redraw, on the progress line's frames between
+
+            def in_turn(events):
+                """A run's events, once the model is this job's turn (a shared studio: :meth:`_turn`)."""
+                nonlocal ticket
+                if self.public.on:
+                    ticket = self._turn(ticket, job, lm, name)
+                yield from events
+
             for r in bench.runs(problems, int(repeat), stop=lambda: job.cancelled,
-                                wrap=lambda events, last: claimed(events, job, last)):
+                                wrap=lambda events, last: claimed(in_turn(events), job, last)):
                 runs.append(r)
                 note = f"{len(runs)} of {total} runs ({label})"
                 now = time.monotonic()
@@ -189,14 +219,33 @@ class BenchmarkRuns:
                 else:
                     frame.figures = None
                 yield frame
+        except StoppedInLine:
+            in_flight = "stopped while in line for its next turn: no run was in flight"
+        else:
+            in_flight = "the run in flight is logged as cancelled"
         finally:
-            self.line.release(ticket)
+            if ticket.held:
+                self.line.release(ticket)
         if len(runs) < total:
-            yield self._bench_frame(runs, total, f"stopped after {len(runs)} of {total} runs (the run in flight "
-                                                 "is logged as cancelled)", cfg.greedy, settings_used, history)
+            yield self._bench_frame(runs, total, f"stopped after {len(runs)} of {total} runs ({in_flight})",
+                                    cfg.greedy, settings_used, history)
         else:
             yield self._bench_frame(runs, total, f"done: {total} runs on {len(problems)} problems of {label}, "
                                                  "every run logged", cfg.greedy, settings_used, history)
+
+    def _turn(self, ticket: Ticket, job: Job, lm, name: str) -> Ticket:
+        """Before a benchmark's run on a shared studio: when other jobs wait for the model, give it
+        to them and queue again behind them (a new ticket, once held; :class:`StoppedInLine` when the
+        job is stopped meanwhile); else count what the job did since its hold or last lap began (its
+        warm-up, a run) as one hold (``ModelLine.lap``: the estimate's unit)."""
+        if not self.line.waiting:
+            self.line.lap(ticket)
+            return ticket
+        self.line.release(ticket)
+        ticket = _returned(self.in_line(job, str, lm, name))
+        if not ticket.held:
+            raise StoppedInLine("stopped while in line for the model's next turn")
+        return ticket
 
     @staticmethod
     def _bench_frame(runs: list[dict], total: int, note: str, greedy: bool, configs: dict | None = None,

@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import html
 import io
 import json
 
-from engine.events import ForwardEvent, PhaseEvent, RunStats, StepEvent, TokenEvent
-from ssr_ui.render import LEGEND, TraceView, metrics_html
+from engine.events import RunStats
+from ssr_ui.render import LEGEND, TraceView, esc, metrics_html
 from ssr_ui.timeline import TIMELINE_JS, stats_html, timeline_html
+from ssr_ui.trace_schema import FORMAT, parse_trace
 
-FORMAT = "ssr-studio-trace/1"
 MAX_TRACE_BYTES = 20 * 2**20  # the largest upload (a trace to import) the studio accepts
-_KINDS = {"phase": lambda raw: PhaseEvent(**raw), "token": lambda raw: TokenEvent(**raw),
-          "step": lambda raw: StepEvent(**raw), "forward": ForwardEvent.from_dict}
 
 
 def run_to_json(row: dict, events: list) -> str:
@@ -32,23 +29,20 @@ def run_to_json(row: dict, events: list) -> str:
 
 
 def run_from_json(text: str) -> tuple[dict, list]:
-    """Read a trace written by :func:`run_to_json`; ValueError says what is wrong with it."""
+    """Read a trace written by :func:`run_to_json`, every value validated against the trace's schema
+    before any is rendered (``ssr_ui.trace_schema``); ValueError names the first bad field:
+    "event 12 is malformed: forward field 'index' must be an integer, got str"."""
+    if len(text) > MAX_TRACE_BYTES:
+        raise ValueError(f"a trace is at most {MAX_TRACE_BYTES // 2**20} MB; this one is {len(text) / 2**20:.1f} MB")
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"not a JSON file ({err.msg} at line {err.lineno})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ValueError(f"not an SSR Studio trace (expected \"format\": \"{FORMAT}\")")
-    events = []
-    for i, raw in enumerate(doc.get("events", [])):
-        cls = _KINDS.get(raw.get("kind")) if isinstance(raw, dict) else None
-        if cls is None:
-            raise ValueError(f"event {i} has an unknown kind")
-        try:
-            events.append(cls(raw))
-        except (TypeError, KeyError) as err:
-            raise ValueError(f"event {i} is malformed: {err}") from None
-    return doc.get("run", {}), events
+    except RecursionError:
+        raise ValueError("not a trace: its JSON nests deeper than any trace does") from None
+    except ValueError as err:  # a number of thousands of digits, say
+        raise ValueError(f"not a trace: {err}") from None
+    return parse_trace(doc)
 
 
 FACTS = {"method": "method", "model": "model", "draft_model": "draft model", "prm": "process reward model",
@@ -82,20 +76,20 @@ def run_to_html(row: dict, events: list, css: str, metrics: str | None = None) -
     if view.steps:  # RSD: the rejected steps, each once
         drafts = view.draft_html()
     else:
-        drafts = "".join(f"<h3>Draft {d}</h3>{view.draft_html(d)}" for d in sorted(view.drafts)) or view.draft_html()
-    facts = "".join(f"<tr><th>{label}</th><td>{html.escape(_fact(row.get(k)))}</td></tr>"
+        drafts = "".join(f"<h3>Draft {esc(d)}</h3>{view.draft_html(d)}" for d in sorted(view.drafts)) or view.draft_html()
+    facts = "".join(f"<tr><th>{esc(label)}</th><td>{esc(_fact(row.get(k)))}</td></tr>"
                     for k, label in FACTS.items() if row.get(k) is not None)
     config = row.get("config")
     config = json.loads(config) if isinstance(config, str) else config or {}
-    settings = " · ".join(f"{html.escape(str(k))} {html.escape(_fact(v))}" for k, v in sorted(config.items()))
+    settings = " · ".join(f"{esc(str(k))} {esc(_fact(v))}" for k, v in sorted(config.items()))
     strip = metrics if metrics is not None else metrics_html(view, str(row.get("method") or "?"))
     return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>SSR Studio trace #{html.escape(str(row.get("id", "")))}</title>
+<html lang="en"><head><meta charset="utf-8"><title>SSR Studio trace #{esc(str(row.get("id", "")))}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:24px;max-width:1400px}}
 .grid{{display:grid;grid-template-columns:1fr 1fr 1fr;gap:16px}} th{{text-align:left;padding-right:12px}}
 {css}</style></head><body>
 <h1>SSR Studio trace</h1>
-<p><b>Prompt:</b> {html.escape(str(row.get("prompt", "")))}</p>
+<p><b>Prompt:</b> {esc(str(row.get("prompt", "")))}</p>
 <table>{facts}<tr><th>settings</th><td>{settings}</td></tr></table>
 {strip}
 {LEGEND}
@@ -117,12 +111,19 @@ def _fact(value) -> str:
     return "" if value is None else str(value)
 
 
+# a text cell starting so is a formula to a spreadsheet (OWASP's CSV injection): it gets a leading "'"
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
 def runs_to_csv(rows: list[dict]) -> str:
-    """The runs table as CSV, every column, one line per run."""
+    """The runs table as CSV, every column, one line per run; a text that a spreadsheet would run
+    as a formula (it starts with one of :data:`FORMULA_STARTS`: a prompt "=1+1") is written with a
+    leading ``'``, so that it shows as typed. Numbers, negative ones included, are written as they are."""
     if not rows:
         return ""
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=list(rows[0]))
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({k: "'" + v if isinstance(v, str) and v.startswith(FORMULA_STARTS) else v for k, v in r.items()}
+                     for r in rows)
     return out.getvalue()

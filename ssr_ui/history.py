@@ -3,7 +3,14 @@ a logged or imported run as the Run tab showed it."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
+import os
+import re
+import shutil
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,10 +23,38 @@ from ssr_ui.frame import Frame
 from ssr_ui.jobs import json_object
 from ssr_ui.render import CSS, metrics_html
 
+EXPORTS_KEPT = 50  # export files a server process keeps (the newest)...
+EXPORT_MAX_AGE_S = 3600  # ...none of them older than this
+
+
+def export_folder() -> Path:
+    """This server process's one folder of export files (under the system's temporary folder),
+    removed when the process ends."""
+    return Path(tempfile.gettempdir()) / f"ssr-studio-exports-{os.getpid()}"
+
+
+def prune_exports(folder: Path, now: float | None = None) -> None:
+    """Remove the exports in ``folder`` (one sub-folder each) past the newest :data:`EXPORTS_KEPT`,
+    and any older than :data:`EXPORT_MAX_AGE_S` seconds (another thread may be pruning too: what is
+    already gone is skipped)."""
+    now = time.time() if now is None else now
+    exports = []
+    for export in folder.iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            exports.append((export.stat().st_mtime, export))
+    exports.sort(reverse=True)
+    for i, (mtime, export) in enumerate(exports):
+        if i >= EXPORTS_KEPT or now - mtime > EXPORT_MAX_AGE_S:
+            shutil.rmtree(export, ignore_errors=True)
+
 
 class PastRuns:
     """History, export, import and replay over ``self.log`` (a :class:`~engine.runlog.RunLog`);
     a replayed run's ratio to its baselines comes from ``self.compare_to_baseline``, as live."""
+
+    # gr.Blocks(delete_cache=...): Gradio's own copies of the exports it served (and of uploads), swept every
+    # 10 minutes, go once they are as old as an export may be
+    DELETE_CACHE = (600, EXPORT_MAX_AGE_S)
 
     def history(self, method: str = "all", limit: int = 200, dataset: str = "all", visitor: str | None = None,
                 model: str = "all") -> list[dict]:
@@ -37,35 +72,41 @@ class PastRuns:
     def export(self, run_id: int | None, kind: str, method: str = "all", dataset: str = "all",
                visitor: str | None = None, model: str = "all") -> str:
         """Write run ``run_id`` (``kind`` "json" or "html") or the runs table ("csv", the runs of
-        ``method``, ``dataset`` and ``model`` as History's filters show them) to a file in a temporary
-        folder; returns its path. ``visitor``: only that visitor's runs (another's id is refused as unknown)."""
-        import tempfile
-
+        ``method``, ``dataset`` and ``model`` as History's filters show them) to a file of its own
+        sub-folder of :func:`export_folder` (so that two visitors' exports never share a path, and
+        the file keeps its plain name), after pruning the folder (:func:`prune_exports`); returns
+        its path. ``visitor``: only that visitor's runs (another's id is refused as unknown)."""
         from ssr_ui.export import run_to_html, run_to_json, runs_to_csv
 
-        folder = Path(tempfile.mkdtemp(prefix="ssr-studio-"))
         if kind == "csv":
-            path = folder / ("runs.csv" if method in ("", "all", None) else f"runs-{method}.csv")
-            path.write_text(runs_to_csv(self.history(method, limit=100_000, dataset=dataset, visitor=visitor,
-                                                         model=model)),
-                            encoding="utf-8")
-            return str(path)
-        run_id = _run_id(run_id)
-        row = self.log.run(run_id, visitor)
-        events = self.log.events(run_id)
-        if kind == "json":
-            text = run_to_json(row, events)
-        elif kind == "html":
-            text = run_to_html(row, events, CSS, self._past(row, events, visitor).metrics)
+            # (a filter sent over the API may hold anything: the file's name keeps only a method name's characters)
+            name = "runs.csv" if method in ("", "all", None) else f"runs-{re.sub(r'[^A-Za-z0-9_-]', '_', str(method))}.csv"
+            text = runs_to_csv(self.history(method, limit=100_000, dataset=dataset, visitor=visitor, model=model))
         else:
-            raise ValueError(f"unknown export format {kind!r}")
-        path = folder / f"run-{int(run_id)}.{kind}"
+            run_id = _run_id(run_id)
+            row = self.log.run(run_id, visitor)
+            events = self.log.events(run_id)
+            if kind == "json":
+                text = run_to_json(row, events)
+            elif kind == "html":
+                text = run_to_html(row, events, CSS, self._past(row, events, visitor).metrics)
+            else:
+                raise ValueError(f"unknown export format {kind!r}")
+            name = f"run-{int(run_id)}.{kind}"
+        root = export_folder()
+        if not root.exists():  # this process's first export: the folder goes when the process ends
+            root.mkdir(mode=0o700, exist_ok=True)
+            atexit.register(shutil.rmtree, root, ignore_errors=True)
+        prune_exports(root)
+        path = Path(tempfile.mkdtemp(dir=root)) / name
         path.write_text(text, encoding="utf-8")
         return str(path)
 
     def import_trace(self, path: str, visitor: str | None = None) -> Frame:
         """Render a JSON trace file exported from any studio (compared with ``visitor``'s baselines
-        on a shared studio, never with the visitor the file names)."""
+        on a shared studio, never with the visitor the file names). A file that is not a valid
+        trace is refused with a ValueError naming its first bad field (``ssr_ui.export.run_from_json``);
+        nothing of it is rendered before it has been validated."""
         from ssr_ui.export import MAX_TRACE_BYTES, run_from_json
 
         try:
@@ -77,7 +118,12 @@ class PastRuns:
         except (OSError, UnicodeDecodeError) as err:
             raise ValueError(f"cannot read {Path(path).name}: {err}") from None
         row, events = run_from_json(text)
-        return self._past(row, events, visitor)
+        try:
+            return self._past(row, events, visitor)
+        except (TypeError, KeyError, IndexError, AttributeError, ZeroDivisionError) as err:
+            # the schema let through values the renderer cannot show: said as the file's fault, never a bare "Error"
+            raise ValueError(f"{Path(path).name} cannot be shown ({type(err).__name__}: {err}); its values pass the "
+                             "trace schema, so please report this file") from None
 
     def replay(self, run_id, visitor: str | None = None) -> Frame:
         """Re-render a past run from its logged events (``visitor``: only that visitor's runs)."""

@@ -11,10 +11,19 @@ Off (the default on one's own machine), nothing here changes anything. On:
   the bundled models and the installed registry models, plus the app's own ``--model``,
   ``--draft-model`` and ``--prm``). Anything else, a path that exists or not, a Hub id, is refused
   with one message that depends on nothing but the name typed: the server's files cannot be probed.
-* **Bounds.** One run, sweep or benchmark in flight per visitor, at most ``max_jobs`` in all; a
+* **Nothing of the server's disk.** The Benchmark tab's dataset box takes a bundled suite, a preset or
+  a Hub id ``owner/name[:config][:split]``, judged by the string alone and read from the Hub even
+  where the working directory has a folder of that name; a path, a folder, a URL, Gradio's cache
+  are refused with one message (:data:`~engine.benchmarks.problems.NOT_ON_DISK`) whether they exist
+  or not. An upload is read only from Gradio's upload folder, where Gradio saved it (not a path an API
+  caller typed); what fails to load is said without a server path or another file's content.
+* **Bounds.** One run, sweep or benchmark in flight per visitor (a session, and every session of
+  one client address: :func:`~ssr_ui.jobs.visitor_address`), at most ``max_jobs`` in all; a
   job over a bound is refused when it is submitted, saying which bound and when to try again
   (:class:`~ssr_ui.jobs.Bounds`, read by :class:`~ssr_ui.jobs.CancelRoute`). The jobs admitted wait their
-  turn for the model in arrival order, each told its place (``ssr_ui.waiting``).
+  turn for the model in arrival order, each told its place (``ssr_ui.waiting``). A benchmark is at
+  most ``max_benchmark_runs`` runs (:meth:`Public.check_benchmark`) and takes turns: between two of
+  its runs, the visitors waiting get the model first.
 """
 
 from __future__ import annotations
@@ -23,7 +32,9 @@ import hashlib
 import os
 import secrets
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from engine.benchmarks.problems import NOT_ON_DISK, check_hub_only
 from engine.presets import BUNDLED
 from engine.runtime.gguf import REGISTRY, installed
 
@@ -31,6 +42,7 @@ PUBLIC_MODES = ("auto", "on", "off")
 TARGET_LIKELIHOOD = "target-likelihood"  # an RSD scorer that is no model: always allowed as a PRM
 MAX_JOBS = 8  # runs, sweeps and benchmarks admitted at once in public mode (one using the model, the rest waiting)
 MAX_NAME_SHOWN = 60  # a refused name is echoed at most this long
+MAX_BENCHMARK_RUNS = 120  # problems x repeats x methods of one benchmark in public mode (app --max-benchmark-runs)
 
 
 def public_on(mode: str, environ=os.environ) -> bool:
@@ -54,20 +66,34 @@ class Public:
     on: bool = False
     models: tuple[str, ...] = ()  # the operator's list (in public mode the only names a visitor may use)
     max_jobs: int = MAX_JOBS
+    max_benchmark_runs: int = MAX_BENCHMARK_RUNS
     _salt: bytes = field(default_factory=lambda: secrets.token_bytes(16), repr=False)
 
     @classmethod
     def build(cls, mode: str, models: str | None, own: list[str], max_jobs: int = MAX_JOBS,
-              environ=os.environ) -> Public:
+              environ=os.environ, max_benchmark_runs: int = MAX_BENCHMARK_RUNS) -> Public:
         """From the app's flags: ``--public`` (``mode``), ``--models`` (comma-separated, or None for
-        :func:`default_models`), the app's own model names ``own`` (always on the list)."""
+        :func:`default_models`), the app's own model names ``own`` (always on the list),
+        ``--max-jobs``, ``--max-benchmark-runs``."""
         if max_jobs < 1:
             raise ValueError(f"--max-jobs must be at least 1, not {max_jobs}")
+        if max_benchmark_runs < 1:
+            raise ValueError(f"--max-benchmark-runs must be at least 1, not {max_benchmark_runs}")
         listed = [m.strip() for m in models.split(",")] if models is not None else default_models()
         listed = [m for m in listed if m]
         if models is not None and not listed:
             raise ValueError("--models names no model: give a comma-separated list of model names")
-        return cls(public_on(mode, environ), tuple(dict.fromkeys([*own, *listed])), max_jobs)
+        return cls(public_on(mode, environ), tuple(dict.fromkeys([*own, *listed])), max_jobs, max_benchmark_runs)
+
+    def check_benchmark(self, problems: int, repeats: int, methods: int) -> None:
+        """Refuse a benchmark of more than ``max_benchmark_runs`` runs (public mode only), before
+        anything is read or run: "a benchmark of 20 problems x 5 repeats x 6 methods = 600 runs is
+        over this shared studio's bound of 120 runs: choose fewer problems, repeats or methods"."""
+        runs = problems * repeats * methods
+        if self.on and runs > self.max_benchmark_runs:
+            raise ValueError(f"a benchmark of {problems} problems x {repeats} repeats x {methods} methods = {runs} "
+                             f"runs is over this shared studio's bound of {self.max_benchmark_runs} runs: choose "
+                             "fewer problems, repeats or methods")
 
     def visitor(self, session: str | None) -> str | None:
         """The run log's key for this session's visitor (None when public mode is off: runs are
@@ -91,6 +117,22 @@ class Public:
         shown = name if len(name) <= MAX_NAME_SHOWN else name[:MAX_NAME_SHOWN] + "…"
         raise ValueError(f"{field_name} {shown!r} is not offered on this shared studio: pick one of "
                          f"{', '.join(self.models)}")
+
+    def vet_source(self, spec: str, uploaded: bool) -> None:
+        """Refuse a benchmark source on the server's disk (public mode only), before anything is
+        opened. ``spec``: the dataset box's name, or the upload's path when ``uploaded``; an upload
+        outside Gradio's upload folder (an API caller's own string) is refused, and so is a name that
+        is not a bundled suite, a preset or a Hub id (:func:`check_hub_only`). One message,
+        :data:`NOT_ON_DISK`, whatever was refused and whether it exists or not."""
+        if not self.on:
+            return
+        if not uploaded:
+            check_hub_only(spec.strip())
+            return
+        from gradio.utils import get_upload_folder  # the folder this process's uploads are saved in
+
+        if Path(get_upload_folder()).resolve() not in Path(spec).resolve().parents:
+            raise ValueError(NOT_ON_DISK)
 
     def choices(self, default: list[str]) -> list[str]:
         """The Model list a visitor sees: the operator's list in public mode, else ``default``."""

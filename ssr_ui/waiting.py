@@ -8,10 +8,17 @@ estimate of its wait. A job stopped while it waits leaves the line at once, havi
 >>> if ticket.held:
 ...     try: ...                  # the job's forwards
 ...     finally: line.release(ticket)
+
+A long job takes turns (a benchmark on a shared studio, ``ssr_ui.benchmark``): between two of its
+runs it gives the model to the jobs waiting (:meth:`ModelLine.release`, then :meth:`ModelLine.wait`
+again, behind them), or, with no one waiting, counts the run just done as one hold
+(:meth:`ModelLine.lap`). So a hold is what a job ahead makes a waiting job wait: a single run, a
+comparison or sweep whole, one run of a benchmark, and the estimate is made of holds.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 import time
@@ -76,17 +83,33 @@ class ModelLine:
             self._holder, ticket.held = None, False
             self._cond.notify_all()
 
+    def lap(self, ticket: Ticket) -> None:
+        """The holder begins another run of a job that takes turns, no one waiting: the time since
+        its hold (or its last lap) began counts as one hold, and a new one begins."""
+        with self._cond:
+            assert self._holder is ticket, "a lap by a job that does not hold the model"
+            now = time.monotonic()
+            self._holds.append(now - ticket.since)
+            ticket.since = now
+
     def eta(self, ahead: int) -> float | None:
-        """Seconds until ``ahead`` jobs (the one holding the model first) are done: the median hold
-        so far for each, less what the holder has had; None before any job has finished here."""
+        """Seconds until ``ahead`` jobs (the one holding the model first) have had their hold: for
+        the holder, the longest recent hold less what it has had, but at least the median hold (it
+        may be running long); the median hold for each of the others. An estimate that errs long;
+        None before any hold has ended here."""
         with self._cond:
             return self._eta(ahead)
 
     def _eta(self, ahead: int) -> float | None:  # (under the lock)
         if not self._holds:
             return None
-        spent = time.monotonic() - self._holder.since if self._holder is not None else 0.0
-        return max(0.0, statistics.median(self._holds) * ahead - spent) if ahead > 0 else 0.0
+        if ahead <= 0:
+            return 0.0
+        typical = statistics.median(self._holds)
+        if self._holder is None:
+            return typical * ahead
+        remaining = max(max(self._holds) - (time.monotonic() - self._holder.since), typical)
+        return remaining + typical * (ahead - 1)
 
     @property
     def waiting(self) -> int:
@@ -97,7 +120,7 @@ class ModelLine:
     def _words(self, place: int) -> str:
         ahead = place + (self._holder is not None)  # (called under the lock)
         eta = self._eta(ahead)
-        estimate = "" if eta is None else f", about {max(1, round(eta))} s"
+        estimate = "" if eta is None else f", about {max(1, math.ceil(eta))} s"
         jobs = "job" if ahead == 1 else "jobs"
         return (f"in line for the model: {ordinal(ahead + 1)} ({ahead} {jobs} ahead of yours{estimate}); "
                 "Stop leaves the line")

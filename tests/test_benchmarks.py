@@ -9,8 +9,9 @@ import threading
 
 import pytest
 
+from engine.answers import last_boxed
 from engine.benchmarks.grading import Grader, MathVerifier, chosen_letter, load_grader
-from engine.benchmarks.problems import Problem, Source, last_boxed, load_problems, parse_dataset
+from engine.benchmarks.problems import Problem, Source, load_problems, parse_dataset
 from engine.benchmarks.summary import summarize, wilson
 from engine.runlog import RunLog, RunMeta
 from engine.tools import bench

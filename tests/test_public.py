@@ -265,3 +265,64 @@ def test_each_visitor_has_their_own_drafting_ledger(tmp_path, monkeypatch):
     for session in ("session-a", "session-b"):
         _run(shared, session, "a prompt", "SSR")
     assert planned[-2:] == [0, 1], "public mode off: one ledger per model, whoever ran"
+
+
+def test_a_benchmark_over_the_shared_studios_bound_is_refused_before_anything_runs(tmp_path):
+    studio = _studio(tmp_path, public=True)
+    methods = ["baseline", "ssr", "ssr-lookups", "ssr-exit", "rsd", "target"]
+    frames = list(studio.benchmark("bundled-arithmetic", None, methods, 20, 5, job=Job(None, "s"), **SMALL))
+    assert len(frames) == 1, [f.status for f in frames]  # nothing read, loaded or run
+    assert ("a benchmark of 20 problems x 5 repeats x 6 methods = 600 runs is over this shared studio's bound of "
+            "120 runs") in frames[0].status
+    assert studio.history() == []
+    studio.public.max_benchmark_runs = 600  # (app --max-benchmark-runs 600)
+    studio.public.check_benchmark(20, 5, 6)
+    Public(on=False).check_benchmark(200, 5, 6)  # public mode off: the tab's own limits alone
+    with pytest.raises(ValueError, match="--max-benchmark-runs"):
+        Public.build("on", None, [], max_benchmark_runs=0)
+
+
+def test_a_benchmark_gives_the_model_to_a_waiting_job_between_two_runs_and_queues_behind_it(tmp_path):
+    """A run submitted while a benchmark holds the model runs after the benchmark's run in flight,
+    not after the whole benchmark; the benchmark then goes on, every run logged once."""
+    studio = _studio(tmp_path, public=True)
+    order: list[str] = []
+    lap = studio.line.lap
+
+    def lapping(ticket):  # the benchmark begins a run with no one waiting: a job arrives now, once
+        lap(ticket)
+        if not order:
+            order.append("benchmark")
+            runner.start()
+            while studio.line.waiting < 1:
+                time.sleep(0.005)
+
+    def single():
+        frames = _run(studio, "other", "the other visitor's run")
+        order.append("single" if frames[-1].view.done is not None else "single failed")
+
+    runner = threading.Thread(target=single, daemon=True)
+    studio.line.lap = lapping
+    frames = list(studio.benchmark("bundled-arithmetic", None, ["baseline"], 3, 1, job=Job(None, "bench"), **SMALL))
+    runner.join(60)
+    assert "done: 3 runs" in frames[-1].status, frames[-1].status
+    rows = studio.history(visitor=studio.visitor("bench"))
+    single_at = [r["id"] for r in studio.history(visitor=studio.visitor("other"))]
+    assert order == ["benchmark", "single"] and len(rows) == 3 and len(single_at) == 1
+    assert min(r["id"] for r in rows) < single_at[0] < max(r["id"] for r in rows), \
+        "the waiting run went after the whole benchmark"
+    assert studio.line.eta(1) is not None  # the benchmark's runs and the single one are holds the estimate reads
+
+
+def test_the_estimate_counts_a_hold_for_each_job_ahead_and_errs_long():
+    line = ModelLine(poll_s=0.01)
+    assert line.eta(1) is None  # nothing finished here yet
+    line._holds.extend([1.0, 1.0, 4.0])
+    holder = Ticket()
+    assert list(line.wait(holder)) == []
+    # the holder: the longest hold less what it has had (but at least the median); each other job: the median
+    assert 4.0 + 1.0 * 2 - 0.5 <= line.eta(3) <= 4.0 + 1.0 * 2
+    holder.since -= 10  # running long: at least one typical hold more, never "about 0 s"
+    assert line.eta(1) == 1.0
+    line.lap(holder)
+    assert line._holds[-1] >= 10 and time.monotonic() - holder.since < 1

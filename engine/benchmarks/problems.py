@@ -3,7 +3,10 @@
 A source is a bundled suite (:data:`BUNDLED_SETS`), a local file (``.jsonl``, ``.json``, ``.csv``, ``.parquet``) or a Hugging Face dataset
 named ``NAME[:CONFIG][:SPLIT]`` (two parts are ``NAME:SPLIT``), loaded with ``datasets`` so the
 user's cache and offline mode (``HF_HUB_OFFLINE=1``) behave as they expect. With a row limit, an
-online dataset streams: only the rows read are downloaded. Presets (:data:`PRESETS`) know the
+online dataset streams: only the rows read are downloaded. A stranger's source (``Source.hub_only``:
+a shared studio's visitor) is a bundled suite, a preset or a Hub dataset only, judged by the string
+alone (:func:`check_hub_only`) and read from the Hub even where the server's working directory has a
+folder of that name; what fails to load is said without the library's words. Presets (:data:`PRESETS`) know the
 common ones: their fields, task, prompt template and how to pull the reference out of the answer
 field (GSM8K's worked solution ends in ``#### 42``; a MATH solution ends in ``\\boxed{...}``).
 
@@ -22,6 +25,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine.answers import last_boxed
 
 TASKS = ("math", "choice", "code", "free")
 BUNDLED_DIR = Path(__file__).resolve().parents[2] / "assets" / "benchmarks"
@@ -64,6 +69,11 @@ PRESETS = {
     "aime24": Preset("HuggingFaceH4/aime_2024", None, "train", "problem", "answer", "math", MATH_TEMPLATE),
 }
 _BY_HUB_NAME = {p.name.lower(): p for p in PRESETS.values()}
+_SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}"  # the Hub's grammar for an owner, a repo (96 characters at most), a part
+_HUB_ONLY = re.compile(rf"(?P<name>{_SEGMENT}(?P<owner>/{_SEGMENT})?)(?::{_SEGMENT}){{0,2}}")
+NOT_ON_DISK = ("this shared studio reads no file of its own: upload your problems file, or name a bundled suite "
+               f"({', '.join(BUNDLED_SETS)}), a preset ({', '.join(PRESETS)}) or a Hub dataset as "
+               "owner/name, owner/name:split or owner/name:config:split")
 
 
 @dataclass(frozen=True)
@@ -77,21 +87,48 @@ class Source:
     template: str | None = None
     limit: int | None = None
     sample_seed: int | None = None  # with limit: a random subset (sorted); without: the first rows
+    hub_only: bool = False  # a stranger's source: never a path on this machine (check_hub_only), always the Hub
+
+    @property
+    def file(self) -> str | None:
+        """The local file it reads: a bundled suite's, or ``spec`` where it names a file (never with
+        ``hub_only``: then no path is even looked at); None for a Hub dataset."""
+        spec = self.spec.strip()
+        if spec in BUNDLED_SETS:
+            return str(BUNDLED_SETS[spec])
+        return None if self.hub_only or not is_file_spec(spec) else spec
 
     @property
     def label(self) -> str:
         """How runs name it in the log: a file's name, or the dataset as given."""
-        spec = str(BUNDLED_SETS.get(self.spec.strip(), self.spec))
-        return Path(spec).name if is_file_spec(spec) else spec.strip()
+        file = self.file
+        return Path(file).name if file else self.spec.strip()
 
 
 def is_file_spec(spec: str) -> bool:
     return Path(spec).suffix.lower() in LOCAL_FORMATS or Path(spec).is_file()
 
 
+def check_hub_only(spec: str) -> None:
+    """Refuse, with :data:`NOT_ON_DISK` whatever the reason, a ``spec`` that is not a bundled suite,
+    a preset (``gsm8k:test``) or a Hub dataset ``owner/name[:config][:split]`` in the Hub's grammar
+    (no ``..``, no ``--``, 96 characters a part). The string alone decides: a path, a URL or a name
+    like ``notes`` is refused the same whether or not the server has it, and nothing is opened:
+    ``check_hub_only("openai/gsm8k:main:test")`` passes, ``check_hub_only("/tmp/gradio")`` raises.
+    """
+    if spec in BUNDLED_SETS:
+        return
+    match = _HUB_ONLY.fullmatch(spec)
+    if not match or ".." in spec or "--" in spec or not (match["owner"] or match["name"].lower() in PRESETS):
+        # a bare name that is no preset is refused too: ``text``, ``json``, ``csv`` name the datasets library's
+        # own builders, which read the working directory's files
+        raise ValueError(NOT_ON_DISK)
+
+
 def load_problems(source: Source, display_name: str | None = None) -> list[Problem]:
     """The problems of ``source``; ValueError naming the file, row or field that is wrong.
-    ``display_name``: the file's name as the user knows it (an upload's own name)."""
+    ``display_name``: ``source.spec`` is a file the user uploaded, known to them by this name (the
+    messages say it, never the path it was saved at; it is read as a file, whatever its name)."""
     if source.task is not None and source.task not in TASKS:
         raise ValueError(f"unknown task {source.task!r}; choose one of {', '.join(TASKS)}")
     if source.limit is not None and source.limit < 1:
@@ -99,14 +136,15 @@ def load_problems(source: Source, display_name: str | None = None) -> list[Probl
     spec = source.spec.strip()
     if not spec:
         raise ValueError("name a dataset or a file")
-    spec = str(BUNDLED_SETS.get(spec, spec))
-    preset = None
-    if is_file_spec(spec):
-        rows = read_file(spec, source.limit, source.sample_seed, display_name)
-        where = display_name or spec
+    if source.hub_only:
+        check_hub_only(spec)
+    preset, file = None, spec if display_name else source.file
+    if file:
+        rows = read_file(file, source.limit, source.sample_seed, display_name)
+        where = display_name or file
     else:
         preset, name, config, split = parse_dataset(spec)
-        rows = read_hub(name, config, split, source.limit, source.sample_seed)
+        rows = read_hub(name, config, split, source.limit, source.sample_seed, source.hub_only)
         where = f"dataset {spec}"
     if not rows:
         raise ValueError(f"{where} has no rows")
@@ -185,19 +223,6 @@ def _reference(raw, task: str, choices) -> str | None:
     return text
 
 
-def last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), nested braces kept."""
-    starts = [m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]
-    if not starts:
-        return None
-    depth, i = 1, starts[-1]
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i:j].strip()
-    return None
-
-
 # ----------------------------------------------------------------------------- reading
 
 
@@ -247,7 +272,8 @@ def _parquet(p: Path, shown: str, limit: int | None, seed: int | None) -> list:
     try:
         f = pq.ParquetFile(p)
     except Exception as err:  # noqa: BLE001 (pyarrow raises its own kinds for a file that is not Parquet)
-        raise ValueError(f"file {shown!r} is not a Parquet file ({err})") from None
+        why = str(err).replace(str(p), shown)  # pyarrow may name the path: an upload's is the server's, not theirs
+        raise ValueError(f"file {shown!r} is not a Parquet file ({why})") from None
     if limit is not None and seed is None:  # the first rows only: never the whole file
         rows = []
         for batch in f.iter_batches(batch_size=min(limit, 1024)):
@@ -292,23 +318,29 @@ def reach_hub(attempts: int = HUB_ATTEMPTS, timeout: float = HUB_TIMEOUT_S) -> I
                      "dataset as a file instead, or set HF_HUB_OFFLINE=1 to read it from your datasets cache")
 
 
-def read_hub(name: str, config: str | None, split: str, limit: int | None, seed: int | None) -> list:
+def read_hub(name: str, config: str | None, split: str, limit: int | None, seed: int | None,
+             hub_only: bool = False) -> list:
     """Rows of a Hugging Face dataset. Online with a limit, it streams (only those rows are read);
-    offline (``HF_HUB_OFFLINE=1``) or without a limit, it loads through the user's cache."""
+    offline (``HF_HUB_OFFLINE=1``) or without a limit, it loads through the user's cache. ``hub_only``
+    (a stranger's name): the Hub or its cache only (``datasets`` reads a local folder of the same name
+    first otherwise), and a failure is said without the library's message, which may quote a path."""
     try:
         import datasets
     except ImportError:
         raise ValueError("naming a Hub dataset needs the 'datasets' package (pip install datasets)") from None
     offline = bool(datasets.config.HF_HUB_OFFLINE)
     what = f"dataset {name!r}" + (f" (config {config!r})" if config else "") + f", split {split!r}"
+    path = "hf://datasets/" + name if hub_only else name  # datasets' own spelling of "remote only"
     try:
         if limit is not None and not offline:
-            stream = datasets.load_dataset(name, config, split=split, streaming=True)
+            stream = datasets.load_dataset(path, config, split=split, streaming=True)
             if seed is not None:
                 stream = stream.shuffle(seed=seed, buffer_size=10_000)
             return list(stream.take(limit))
-        ds = datasets.load_dataset(name, config, split=split)
+        ds = datasets.load_dataset(path, config, split=split)
     except Exception as err:  # noqa: BLE001 (datasets raises many kinds: connection, not found, bad config)
         hint = " in offline mode (HF_HUB_OFFLINE=1): only the local cache is read, and it is not there" if offline else ""
-        raise ValueError(f"{what} could not be loaded{hint}: {type(err).__name__}: {err}") from None
+        why = ("check its name, config and split (a private or gated dataset cannot be read here), or upload it as "
+               "a file" if hub_only else f"{type(err).__name__}: {err}")
+        raise ValueError(f"{what} could not be loaded{hint}: {why}") from None
     return [ds[i] for i in _sample(len(ds), limit, seed)]

@@ -6,8 +6,12 @@
 Each visitor (its own session) loops, seeded, over: a run (Baseline, SSR, RSD or Compare, small
 budgets, a prompt carrying the visitor's own tag), a run it stops mid-way, a run whose client is
 killed mid-stream (a real disconnect: a separate process, SIGKILLed after its first update), a
-benchmark (one visitor), abusive input (a 50 KB prompt, a path and a Hub id as model, draft model and
-PRM, an out-of-range budget, every run id another visitor was given, replayed), and its History.
+benchmark (one visitor: 40 runs that take turns with the others' runs, or one over the studio's bound),
+abusive input (a 50 KB prompt, a path and a Hub id as model, draft model and PRM, an out-of-range
+budget, every run id another visitor was given, replayed), session keys no client makes (4 MB, empty:
+joins and cancels over HTTP), a second session of its own while a job of it is in flight, and its
+History. Each visitor is its own client address (``X-Forwarded-For``, as a Space's proxy sends it:
+``ssr_ui.jobs.visitor_address``).
 
 Reported: runs completed, refused (with a reason: a bound, a bad input) and failed (anything else);
 the wait in line (submit to the first update that is not "in line"/"loading") p50 and p95; the
@@ -37,7 +41,9 @@ from pathlib import Path
 
 SMALL = dict(max_think=24, max_answer=10, draft_start=6, max_draft=8)
 REFUSALS = ("in flight already", "the studio is busy", "not offered on this shared studio", "not in the list of choices",
-            "no run with id", "too long", "shorten the prompt", "must be", "out of range", "at least", "at most")
+            "no run with id", "session_hash must be", "over this shared studio's bound", "too long",
+            "shorten the prompt", "must be", "out of range", "at least", "at most")
+HUGE_KEY = "k" * 4_000_000  # a session key no client makes (a probe sent this; the studio kept it)
 TAG = re.compile(r"visitor-\d+-[0-9a-f]{6}")
 
 
@@ -75,7 +81,8 @@ class Visitor:
         self.url, self.index, self.tally, self.ids, self.deadline, self.bench = url, index, tally, ids, deadline, bench
         self.rng = random.Random(seed)
         self.tag = f"visitor-{index}-{self.rng.randrange(16**6):06x}"
-        self.client = Client(url, verbose=False)
+        self.headers = address(index)
+        self.client = Client(url, verbose=False, headers=self.headers)
         self.n = 0
 
     def prompt(self) -> str:
@@ -92,7 +99,7 @@ class Visitor:
                     self.tally.leaks.append(f"{self.tag} received {tag}")
 
     def loop(self) -> None:
-        actions = ["run"] * 5 + ["stop", "disconnect", "abuse", "history", "replay-others"]
+        actions = ["run"] * 5 + ["stop", "disconnect", "abuse", "keys", "history", "replay-others"]
         if self.bench:
             actions.append("benchmark")
         while time.monotonic() < self.deadline:
@@ -159,7 +166,8 @@ class Visitor:
         ctx = multiprocessing.get_context("spawn")
         ready = ctx.Event()
         gone = self.prompt().replace(self.tag, f"visitor-{1000 * (self.index + 1) + self.n}-{self.tag[-6:]}")  # its own
-        proc = ctx.Process(target=_disconnecting_visitor, args=(self.url, gone, ready), daemon=True)
+        proc = ctx.Process(target=_disconnecting_visitor, daemon=True,
+                           args=(self.url, gone, ready, address(self.index, "203.0.113")))
         proc.start()
         ready.wait(120)
         proc.kill()
@@ -180,6 +188,46 @@ class Visitor:
             return
         self.see(out)
         self.tally.refuse(f"abuse {list(case)}: " + re.sub(r"<[^>]+>", " ", _text(out[3])))
+
+    def keys(self) -> None:
+        """Session keys no Gradio client makes (4 MB, empty), to join and to cancel: refused, saying
+        why; or a second session of this visitor's own while a job of it is in flight: refused too
+        (one client address, one job)."""
+        import httpx
+
+        case = self.rng.choice(["oversized", "empty", "second session"])
+        if case == "second session":
+            job = self.client.submit(self.prompt(), "SSR", max_think=200, max_answer=60, api_name="/run")
+            while not (job.outputs() or job.done()):
+                time.sleep(0.05)
+            if job.done():  # refused when it joined (a bound: tallied), or over already: nothing to try beside it
+                try:
+                    job.result()
+                except Exception as err:  # noqa: BLE001 (a refusal or a failure: the tally tells which)
+                    self.tally.refuse(f"keys: {err}")
+                return
+            try:
+                from gradio_client import Client
+
+                Client(self.url, verbose=False, headers=self.headers).predict(
+                    f"What is 1 + 1? ({self.tag} second session)", "Baseline", **SMALL, api_name="/run")
+                self.tally.refuse(f"keys: a second session of {self.tag} ran beside its first")  # (a failure)
+            except Exception as err:  # noqa: BLE001 (the refusal, or a failure: the tally tells which)
+                self.tally.refuse(f"keys: {err}")
+            finally:
+                job.cancel()
+                while not job.done():
+                    time.sleep(0.05)
+            return
+        key = HUGE_KEY if case == "oversized" else ""
+        api = self.url.rstrip("/") + "/gradio_api/"
+        for route in ("queue/join", "cancel"):
+            reply = httpx.post(api + route, json={"data": [], "fn_index": 0, "event_id": None, "session_hash": key},
+                               headers=self.headers, timeout=120)
+            if reply.status_code in (413, 422):
+                self.tally.refuse("session_hash must be" if reply.status_code == 413 else reply.text)
+            else:
+                self.tally.refuse(f"keys: {case} key to {route}: HTTP {reply.status_code} {reply.text[:200]}")
 
     def history(self) -> None:
         out = self.client.predict("all", "all", False, api_name="/history")
@@ -208,7 +256,10 @@ class Visitor:
                 self.tally.refuse("no run with id")
 
     def benchmark(self) -> None:
-        out = self.client.predict("bundled-arithmetic", None, ["baseline", "ssr"], 2, 1, "", "auto", "", "", "",
+        """A long benchmark (40 runs, taking turns with the others' runs), or one of 600 runs: refused."""
+        limit, repeat, methods = (10, 2, ["baseline", "ssr"]) if self.rng.random() < 0.8 else \
+            (20, 5, ["baseline", "ssr", "ssr-lookups", "ssr-exit", "rsd", "target"])
+        out = self.client.predict("bundled-arithmetic", None, methods, limit, repeat, "", "auto", "", "", "",
                                   **SMALL, api_name="/benchmark")
         self.see(out)
         text = _text(out[0])
@@ -219,10 +270,18 @@ class Visitor:
                 self.tally.completed += 1
 
 
-def _disconnecting_visitor(url: str, prompt: str, ready) -> None:
+def address(n: int, block: str = "198.51.100") -> dict:
+    """The headers of visitor ``n``'s own client address (``block``: RFC 5737's documentation
+    addresses), as a proxy on loopback forwards it."""
+    assert 0 <= n < 255, "one address per visitor: at most 254 visitors"
+    return {"X-Forwarded-For": f"{block}.{n + 1}"}
+
+
+def _disconnecting_visitor(url: str, prompt: str, ready, headers: dict) -> None:
     from gradio_client import Client
 
-    job = Client(url, verbose=False).submit(prompt, "SSR", max_think=200, max_answer=60, api_name="/run")
+    job = Client(url, verbose=False, headers=headers).submit(prompt, "SSR", max_think=200, max_answer=60,
+                                                             api_name="/run")
     while not (job.outputs() or job.done()):
         time.sleep(0.05)
     ready.set()  # the parent kills this process now: the stream is cut mid-way
