@@ -31,6 +31,7 @@ from engine.remote.decode import decode_remote_baseline, decode_remote_ssr
 from engine.remote.model import RemoteModel
 from engine.remote.served import decode_served_ssr
 from engine.remote.steps import RemoteWriter
+from engine.runtime.markers import answer_only_refusal
 from engine.runtime.model import LoadedModel
 
 Decoder = Callable[[str, RunConfig], Iterator[Event]]
@@ -85,6 +86,22 @@ def not_on_llama(name: str) -> str | None:
     return None
 
 
+def not_answer_only(name: str, target: LoadedModel | LlamaModel | RemoteModel) -> str | None:
+    """Why method ``name`` on ``target`` cannot run with thinking off (``RunConfig.thinking`` False: the
+    answer alone), or None where it can: the single-model methods in process, on a model that can be asked
+    for an answer alone (``engine.runtime.markers.answer_only_refusal``). Asked before a run (the bench, the
+    studio) and by every run :func:`decoder` builds."""
+    answer_only = ", ".join(m for m in SINGLE_MODEL if m != EXIT)
+    if name == EXIT:
+        return f"method {name!r} ends a reasoning early, and with thinking off there is none: run one of {answer_only}"
+    if name not in SINGLE_MODEL:
+        return (f"method {name!r} runs with thinking on only (its draft model writes reasoning steps); with thinking "
+                f"off run one of {answer_only}")
+    if isinstance(target, RemoteModel):
+        return "thinking off runs in process only, not on a vLLM server (the server loops always ask for reasoning)"
+    return answer_only_refusal(target.markers, target.model_id)
+
+
 def decoder(name: str, target: LoadedModel | LlamaModel | RemoteModel, draft=None, scorer=None) -> Decoder:
     check_method(name)
     if isinstance(target, RemoteModel) and (why := not_on_a_server(name)):
@@ -99,12 +116,15 @@ def decoder(name: str, target: LoadedModel | LlamaModel | RemoteModel, draft=Non
         run = partial(SINGLE_MODEL[name], target)
     else:
         run = partial(decode_rsd, target, draft, scorer, mode=name, writer=rsd_writer)
-    return partial(_noting_cuts, run, name)
+    return partial(_noting_cuts, run, name, target)
 
 
-def _noting_cuts(run: Decoder, name: str, prompt: str, cfg: RunConfig) -> Iterator[Event]:
+def _noting_cuts(run: Decoder, name: str, target, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     """``run``'s events, its final stats saying which budget cut it (``RunStats.cut``: the one rule,
-    :func:`engine.methods.budget.budget_cut`, for every method and backend)."""
+    :func:`engine.methods.budget.budget_cut`, for every method and backend); with thinking off refused
+    before its first event where :func:`not_answer_only` says so."""
+    if not cfg.thinking and (why := not_answer_only(name, target)):
+        raise ValueError(why)
     events = run(prompt, cfg)
     try:
         for ev in events:

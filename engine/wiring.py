@@ -88,20 +88,24 @@ def check_runtime(runtime: str | None, server: object = None, device: str | None
 def load_role(name: str, device: str | None = None, server: Server | None = None, target=None,
               random_weights: bool = False, progress: Progress | None = None,
               dtype: str | None = None, runtime: str | None = None,
-              threads: int | None = None) -> LoadedModel | LlamaModel | RemoteModel:
+              threads: int | None = None, tokenizer: str | None = None) -> LoadedModel | LlamaModel | RemoteModel:
     """The model ``name`` for one role: on its ``server`` if it has one, else in process (with
-    random weights when asked: the architecture's real per-token cost, offline), on ``runtime``
-    (``transformers``, the default, or ``llama.cpp``: a GGUF file on ``threads`` threads). A draft
-    (given its ``target``) must share the target's tokenizer. ``progress`` hears how a load goes
-    (a GGUF file's first conversion)."""
+    random weights when asked: the architecture's real per-token cost, offline; with ``tokenizer``,
+    a folder holding the family's real tokenizer and chat template, in place of the bundled one:
+    ``engine.runtime.tokenizer_folder``), on ``runtime`` (``transformers``, the default, or
+    ``llama.cpp``: a GGUF file on ``threads`` threads). A draft (given its ``target``) must share the
+    target's tokenizer. ``progress`` hears how a load goes (a GGUF file's first conversion)."""
     check_runtime(runtime, server, device, dtype, random_weights)
+    if tokenizer and not random_weights:
+        raise ValueError("--tokenizer gives a model built with --random-weights its tokenizer: add --random-weights "
+                         "(a real model brings its own)")
     if runtime == LLAMA:
         lm = load_llama(name, threads, progress)
     elif server is not None:
         lm = connect(name, server.base_url, server.api_key, server.served_name, transport=server.transport,
                      speculation=server.speculation)
     elif random_weights:
-        lm = random_weights_model(name, device, dtype=dtype)
+        lm = random_weights_model(name, device, dtype=dtype, tokenizer=tokenizer)
     else:
         lm = load_model(name, device=device, dtype=dtype, progress=progress)
     if isinstance(lm, LoadedModel):  # measured at load (or read back from its cache), kept: what SSR relies on

@@ -22,15 +22,17 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def launched(folder: Path, *args: str, db: Path | None = None):
-    """Yield ``(url, db, process)`` for ``python app.py`` with a run log in ``folder``; its output
+def launched(folder: Path, *args: str, db: Path | None = None, module: str | None = None):
+    """Yield ``(url, db, process)`` for ``python app.py`` (``module``: ``python -m module``, a launcher
+    that builds the app its own way, e.g. ``tests.shrunk_app``) with a run log in ``folder``; its output
     goes to ``folder/app.log``. The process is stopped on exit (if it is still running)."""
     port, db = free_port(), db or folder / "runs.db"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1"}
     log = open(folder / "app.log", "w")  # noqa: SIM115 (the process writes to it until the caller stops it)
     # SSR's drafts as planned (the tests that show them need them), unless a test asks for its own drafting
     drafting = () if "--drafting" in args else ("--drafting", "always")
-    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--db", str(db), *drafting, *args], cwd=ROOT,
+    entry = ["-m", module] if module else ["app.py"]
+    proc = subprocess.Popen([sys.executable, *entry, "--port", str(port), "--db", str(db), *drafting, *args], cwd=ROOT,
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         try:

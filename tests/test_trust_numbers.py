@@ -89,6 +89,8 @@ BASE_ROW = {"method": "baseline", "status": "ok", "prompt_hash": "p", "model": "
     ({"config": {**BASE_ROW["config"], "max_think": 7}}, False),
     ({"config": {**BASE_ROW["config"], "max_answer": 7}}, False),
     ({"config": {**BASE_ROW["config"], "exact": True}}, False),
+    ({"config": {**BASE_ROW["config"], "thinking": False}}, False),  # the answer alone is another request
+    ({"config": {k: v for k, v in BASE_ROW["config"].items() if k != "thinking"}}, True),  # logged before it: on
 ])
 def test_trust_the_match_key(change, same):
     assert (match_key({**BASE_ROW, **change}) == match_key(BASE_ROW)) is same

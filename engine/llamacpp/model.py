@@ -102,8 +102,8 @@ class LlamaModel:
         attention = f"{self.kv} KV" + (", flash attention" if self.flash else "")
         return f"{RUNTIME} ({self.native.desc}, {attention}, cpu, {self.threads} threads){exact}"
 
-    def prompt_ids(self, user_text: str) -> list[int]:
-        return chat_prompt_ids(self.tokenizer, self.markers, user_text)
+    def prompt_ids(self, user_text: str, thinking: bool = True) -> list[int]:
+        return chat_prompt_ids(self.tokenizer, self.markers, user_text, thinking, self.model_id)
 
     def require_markers(self) -> ThinkMarkers:
         return require_markers(self.markers, self.model_id)

@@ -2,7 +2,8 @@
 
 Two phases on one KV cache: reasoning up to ``max_think`` tokens (on reaching the budget the
 end-of-thinking marker and the template's tail are appended: budget forcing), then the answer up
-to ``max_answer`` tokens or an end-of-sequence token. One forward per token, nothing clever; the
+to ``max_answer`` tokens or an end-of-sequence token. With thinking off (``RunConfig.thinking``) the
+prompt asks for the answer alone and the run is its answer phase. One forward per token, nothing clever; the
 cache is a :class:`CachedModel`, which re-encodes a longrope model where ``generate()`` does.
 """
 
@@ -23,8 +24,8 @@ from engine.runtime.probe import require
 
 def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     """Yield the events of a plain run of ``prompt`` (the user message, templated here)."""
-    prompt_ids = lm.prompt_ids(prompt)
-    budget = ThinkBudget(lm.markers, cfg.max_think)
+    prompt_ids = lm.prompt_ids(prompt, cfg.thinking)
+    budget = ThinkBudget.of(lm.markers, cfg)
     new_tokens = budget.new_tokens(cfg.max_answer)
     lm.check_fits(len(prompt_ids), new_tokens)
     require(lm, "plain decoding", rollbacks=False)  # the probe may route later multi-token forwards one by one
@@ -33,7 +34,7 @@ def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Even
     yield from rec.compiling(lm.prepare_steps(len(prompt_ids) + new_tokens))  # before the clock starts
     rec.start_clock(lm.step_mode)
     chooser = Chooser(cfg.temperature, cfg.top_p, cfg.seed)
-    markers = lm.markers
+    markers = budget.markers
     seq = CachedModel(lm, len(prompt_ids) + new_tokens)
 
     # 1. prefill. A forward is yielded when its logits are read (its pick, or the budget forcing
@@ -47,7 +48,7 @@ def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Even
         start, end, width, phase = fed
         return rec.forward(start, [RowWork("main", width, kept, forced)], end=end, phase=phase)
 
-    # 2. reasoning (skipped for models without think markers: everything is the answer)
+    # 2. reasoning (skipped for models without think markers, and with thinking off: everything is the answer)
     ended = False  # the model ended the sequence inside its reasoning: no answer
     if markers is not None:
         yield rec.phase("reasoning")

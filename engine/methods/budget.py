@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from engine.config import RunConfig
 from engine.events import Event
 from engine.methods.recorder import Recorder
 from engine.runtime.model import ThinkMarkers
@@ -50,6 +51,13 @@ class ThinkBudget:
     markers: ThinkMarkers | None  # None: a model without think markers (its whole output is the answer)
     max_think: int
     forced: list[int] = field(default_factory=list)  # the tail forced after the marker, once force() ran
+
+    @classmethod
+    def of(cls, markers: ThinkMarkers | None, cfg: RunConfig) -> ThinkBudget:
+        """A run's budget: ``cfg.max_think`` with the model's ``markers``; with thinking off (``cfg.thinking``
+        False: the prompt asked for the answer alone, ``chat_prompt_ids``) no reasoning: no markers, no
+        reasoning tokens, so a loop goes from the prompt straight to the answer."""
+        return cls(markers, cfg.max_think) if cfg.thinking else cls(None, 0)
 
     def __post_init__(self) -> None:
         if self.markers is not None and self.max_think < len(self.markers.marker_ids):

@@ -151,9 +151,9 @@ def decode_hf(lm: StepModel, prompt: str, cfg: RunConfig, prompt_lookup: bool = 
               static: bool = False) -> Iterator[Event]:
     """Yield the events of one run through ``generate()`` (``prompt_lookup``: with prompt-lookup
     decoding; ``static``: with the static cache), on baseline's budget."""
-    prompt_ids = lm.prompt_ids(prompt)
-    markers = lm.markers
-    budget = ThinkBudget(markers, cfg.max_think)
+    prompt_ids = lm.prompt_ids(prompt, cfg.thinking)
+    budget = ThinkBudget.of(lm.markers, cfg)
+    markers = budget.markers
     new_tokens = budget.new_tokens(cfg.max_answer)
     lm.check_fits(len(prompt_ids), new_tokens)
     rec = Recorder(lm.tokenizer, "hf-pld" if prompt_lookup else "hf-static" if static else "hf", len(prompt_ids),
@@ -169,7 +169,7 @@ def decode_hf(lm: StepModel, prompt: str, cfg: RunConfig, prompt_lookup: bool = 
     answering: list[Span] = []
     start = time.perf_counter()
     with torch.inference_mode(), lm.forwards(), calls.forwards():
-        # 1. reasoning (skipped for models without think markers: everything is the answer)
+        # 1. reasoning (skipped for models without think markers, and with thinking off: everything is the answer)
         if markers is not None and budget.picks:
             new, times, thinking = calls.generate(prompt_ids, budget.picks, _Closes(markers, len(prompt_ids)))
             firsts += times[:1]

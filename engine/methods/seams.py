@@ -41,8 +41,9 @@ class ModelBackend(Protocol):
         """How the current run's steps run, for its stats ("compiled", "eager: <why>", "vllm <url>")."""
         ...
 
-    def prompt_ids(self, user_text: str) -> list[int]:
-        """The user message templated, think block opened."""
+    def prompt_ids(self, user_text: str, thinking: bool = True) -> list[int]:
+        """The user message templated, think block opened; ``thinking`` False: templated for an answer
+        alone (ValueError where the model always reasons: ``engine.runtime.markers.chat_prompt_ids``)."""
         ...
 
     def require_markers(self) -> ThinkMarkers:

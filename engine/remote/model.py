@@ -51,8 +51,8 @@ class RemoteModel:
         """Nothing to prepare: the server runs its own kernels."""
         return iter(())
 
-    def prompt_ids(self, user_text: str) -> list[int]:
-        return chat_prompt_ids(self.tokenizer, self.markers, user_text)
+    def prompt_ids(self, user_text: str, thinking: bool = True) -> list[int]:
+        return chat_prompt_ids(self.tokenizer, self.markers, user_text, thinking, self.model_id)
 
     def require_markers(self) -> ThinkMarkers:
         return require_markers(self.markers, self.model_id)

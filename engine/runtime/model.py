@@ -38,6 +38,7 @@ from engine.runtime.exact import ExactRefused, Invariance, exact_forwards, invar
 from engine.runtime.gguf import GGUFError, Progress, is_gguf, local_folder
 from engine.runtime.markers import ThinkMarkers, chat_prompt_ids, find_markers
 from engine.runtime.rope import rope_of
+from engine.runtime.tokenizer_folder import load_tokenizer
 
 
 class ModelLoadError(RuntimeError):
@@ -182,9 +183,10 @@ class LoadedModel:
         return self._cache_plan
 
     # ------------------------------------------------------------------ prompts
-    def prompt_ids(self, user_text: str) -> list[int]:
-        """The user message templated, think block opened (:func:`chat_prompt_ids`)."""
-        return chat_prompt_ids(self.tokenizer, self.markers, user_text)
+    def prompt_ids(self, user_text: str, thinking: bool = True) -> list[int]:
+        """The user message templated, think block opened; ``thinking`` False: the answer alone, or
+        ValueError naming the model where it always reasons (:func:`chat_prompt_ids`)."""
+        return chat_prompt_ids(self.tokenizer, self.markers, user_text, thinking, self.model_id)
 
     @property
     def dtype(self) -> str:
@@ -492,11 +494,17 @@ def model_source(path: str, trust_remote_code: bool = False) -> dict | None:
 
 
 def random_weights_model(name: str, device: str | None = None, dtype: str | None = None, seed: int = 0,
-                         **overrides) -> LoadedModel:
-    """A preset's architecture with random weights and the bundled tokenizer, built offline
-    (``--random-weights``): meaningless text, real per-token costs. ``overrides`` change shapes
-    (``engine.tools.gpu_check`` shrinks the model on a CPU). Output rows of ids the bundled tokenizer
-    lacks are zeroed, so every generated id decodes."""
+                         tokenizer: str | Path | None = None, **overrides) -> LoadedModel:
+    """A preset's architecture with random weights, built offline (``--random-weights``): meaningless
+    text, real per-token costs. Its tokenizer is the bundled one, or with ``tokenizer`` (a folder:
+    ``engine.runtime.tokenizer_folder``) the family's real one with its chat template, so the
+    template's prompts, think markers and end of turn run as on the real model (the preset's
+    markers, ``find_markers``). ``overrides`` change shapes (``engine.tools.gpu_check`` and the tests
+    shrink the model on a CPU); the vocabulary must cover the tokenizer's ids (ValueError otherwise).
+    Output rows of ids the tokenizer lacks are zeroed, so every generated id decodes.
+
+    >>> lm = random_weights_model("qwen3-1.7b", tokenizer="package/models", num_hidden_layers=2, hidden_size=64)
+    """
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     preset = PRESETS.get(name)
@@ -504,8 +512,12 @@ def random_weights_model(name: str, device: str | None = None, dtype: str | None
         shaped = ", ".join(n for n, p in PRESETS.items() if p.shape)
         raise ModelLoadError(f"random weights need a preset whose shapes are written in ({shaped}), not {name!r}")
     config_cls, model_cls = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[preset.arch]
-    tok = AutoTokenizer.from_pretrained(BUNDLED_DIR / "tiny-reasoner")
-    config = config_cls(**{**preset.shape, **overrides}, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    tok = load_tokenizer(tokenizer) if tokenizer else AutoTokenizer.from_pretrained(BUNDLED_DIR / "tiny-reasoner")
+    shape = {**preset.shape, **overrides}
+    if shape["vocab_size"] < len(tok):
+        raise ValueError(f"{name}'s vocabulary of {shape['vocab_size']} ids does not cover the tokenizer's {len(tok)}: "
+                         f"pair this tokenizer with a preset of a larger vocabulary (in code: vocab_size={len(tok)})")
+    config = config_cls(**shape, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     dev = pick_device(device)
     torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if dev.type == "cuda" else torch.float32)
     torch.manual_seed(seed)
@@ -513,4 +525,5 @@ def random_weights_model(name: str, device: str | None = None, dtype: str | None
         model = model_cls._from_config(config, dtype=torch_dtype)
     with torch.no_grad():
         model.get_output_embeddings().weight[len(tok):] = 0
-    return LoadedModel(model, tok, f"{name} (random weights)", find_markers(tok), preset)
+    which = f", {Path(tokenizer).expanduser().name} tokenizer" if tokenizer else ""
+    return LoadedModel(model, tok, f"{name} (random weights{which})", find_markers(tok, preset), preset)
