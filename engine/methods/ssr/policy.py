@@ -8,32 +8,39 @@ fewer (``RunStats.draft_saved``), worth one lone step (``RunStats.step_s_alone``
 known before the run: SSR learns them on the model, as transformers' assisted generation keeps
 its draft-length schedule on the assistant model between calls.
 
-The :class:`Ledger` (one per loaded model and numerics route, kept on the model object across its
-runs, as the capability probe's results are; a shared studio keeps one per visitor:
-:func:`kept_apart`) holds the last :data:`WINDOW` SSR runs that drafted: what their drafts cost
-and saved, in seconds. Before a run, :func:`plan` decides (``drafting``
-``"auto"``):
+The :class:`Ledger` (one per loaded model and numerics route, in the model's evidence store,
+``engine.methods.ssr.evidence``; a shared studio keeps one per visitor: :func:`kept_apart`) holds
+the last :data:`WINDOW` warm SSR runs that drafted, whatever their ``drafting``: what their drafts
+cost and saved, in seconds, and each run's pace. A cold run (its kind's first) is never entered; a
+run flagged slow against the route's other recent runs (``evidence.slow``: the run log's rule) is
+left out of each decision that reads the window while it stands flagged. Before a run, :func:`plan`
+decides (``drafting`` ``"auto"``), from the window's runs not left out:
 
-* no run with drafts on this model yet: fork as planned (this run measures);
-* the drafts saved at least what they cost, summed over the window: fork as planned;
+* none: fork as planned (this run measures);
+* the drafts saved at least what they cost, summed over them: fork as planned;
 * they cost more: fork none (SSR runs on its lookups alone, the ``ssr-lookups`` ablation's
   loop), and say so with the numbers; every :data:`RECHECK` runs, fork as planned again, to
   measure anew (the prompts change what drafts are worth).
 
-``drafting="always"`` forks as planned whatever the ledger holds. Which drafts are forked never
-changes a token of the reasoning or the answer (the main row decodes as plain decoding does):
-only the time.
+``drafting="always"`` forks as planned whatever the ledger holds (and its runs feed it). The words
+(``DraftPlan.why``) say what evidence decided: how many runs, how old, how many left out and why. A
+reproducible run (``RunConfig.reproducible``) plans once from the ledger as it stands and feeds it
+nothing. Which drafts are forked never changes a token of the reasoning or the answer (the main
+row decodes as plain decoding does): only the time.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from engine.config import RunConfig
 from engine.events import RunStats
+from engine.methods.ssr.evidence import Evidence, pace, slow
 
 WINDOW = 8  # drafted runs the ledger weighs
 RECHECK = 8  # after drafts were turned off, every RECHECK-th SSR run drafts again to measure
@@ -45,49 +52,68 @@ class DraftPlan:
     why: str  # the decision in words, with its numbers ("" when drafting is "always")
 
 
+class Drafted(NamedTuple):
+    """A warm SSR run that drafted, as the ledger keeps it."""
+
+    cost: float  # seconds its drafts cost beyond lone reasoning steps (RunStats.drafting_s)
+    saved: float  # seconds they saved: forwards saved, each worth a lone step
+    forwards: int  # answer forwards they saved that no lookup would have (RunStats.draft_saved)
+    pace: float | None  # the run's seconds per lone step (evidence.pace), for the slow rule
+    at: float  # when it ended (time.monotonic())
+
+
 @dataclass
 class Ledger:
-    """What drafts cost and saved in the last :data:`WINDOW` drafted SSR runs of one model and route."""
+    """What drafts cost and saved in the last :data:`WINDOW` warm drafted SSR runs of one model and route."""
 
-    runs: deque = field(default_factory=lambda: deque(maxlen=WINDOW))  # (cost s, saved s, forwards saved)
-    undrafted: int = 0  # SSR runs since the last one that drafted
+    runs: deque = field(default_factory=lambda: deque(maxlen=WINDOW))  # Drafted, oldest first
+    undrafted: int = 0  # warm SSR runs since the last one that drafted
+    paces: deque = field(default_factory=deque)  # the route's recent warm runs' paces (shared with its costs)
+    cold: int = 0  # cold runs left out (never entered)
 
-    def record(self, stats: RunStats, planned: int) -> None:
-        """A finished SSR run: a drafted one joins the window, an undrafted one is counted."""
+    def record(self, stats: RunStats, planned: int, at: float | None = None) -> None:
+        """A finished warm SSR run, ended at ``at`` (default: now): a drafted one joins the window,
+        an undrafted one is counted."""
         if planned and stats.drafts:
-            step = stats.step_s_alone or (stats.answer_s / stats.answer_forwards if stats.answer_forwards else 0.0)
-            self.runs.append((stats.drafting_s, stats.draft_saved * step, stats.draft_saved))
+            step = pace(stats)
+            self.runs.append(Drafted(stats.drafting_s, stats.draft_saved * (step or 0.0), stats.draft_saved, step,
+                                     time.monotonic() if at is None else at))
             self.undrafted = 0
         else:
             self.undrafted += 1
 
+    def steady(self) -> list[Drafted]:
+        """The window's runs not flagged slow against the route's recent paces (``evidence.slow``)."""
+        return [r for r in self.runs if r.pace is None or not slow(r.pace, self.paces)]
+
     def totals(self) -> tuple[float, float, int]:
-        """(cost s, saved s, forwards saved) over the window."""
-        return (sum(r[0] for r in self.runs), sum(r[1] for r in self.runs), sum(r[2] for r in self.runs))
+        """(cost s, saved s, forwards saved) over the window's runs not flagged slow."""
+        runs = self.steady()
+        return (sum(r.cost for r in runs), sum(r.saved for r in runs), sum(r.forwards for r in runs))
 
 
-def ledger(lm, cfg: RunConfig) -> Ledger:
-    """``lm``'s ledger for ``cfg``'s numerics route (exact mode's route, compiled steps: they change
-    what a row costs)."""
-    ledgers = lm.__dict__.setdefault("_draft_ledgers", {})
-    return ledgers.setdefault((cfg.exact_mode, cfg.compile), Ledger())
+def ledger(store: Evidence, cfg: RunConfig) -> Ledger:
+    """``store``'s ledger for ``cfg``'s numerics route (exact mode's route, compiled steps: they change
+    what a row costs), made on first use (sharing the route's paces)."""
+    route = store.route(cfg)
+    if route not in store.ledgers:
+        store.ledgers[route] = Ledger(paces=store.paces_of(cfg))
+    return store.ledgers[route]
 
 
 @contextmanager
 def kept_apart(lm, ledgers: dict) -> Iterator[None]:
     """Runs of ``lm`` inside read and write ``ledgers`` (route -> :class:`Ledger`) instead of the
-    model's own: a shared studio keeps one set per visitor, so no visitor's runs decide, or show up
-    in the numbers of, another's. The caller holds the model for the whole block (no other run of
-    ``lm`` may interleave)."""
-    saved = lm.__dict__.get("_draft_ledgers")
-    lm._draft_ledgers = ledgers
+    model's own (its evidence store's, ``Evidence.of(lm)``; its forward costs and paces stay shared:
+    they are the machine's): a shared studio keeps one set per visitor, so no visitor's runs
+    decide, or show up in the numbers of, another's. The caller holds the model for the whole block
+    (no other run of ``lm`` may interleave)."""
+    store = Evidence.of(lm)
+    saved, store.ledgers = store.ledgers, ledgers
     try:
         yield
     finally:
-        if saved is None:
-            del lm._draft_ledgers
-        else:
-            lm._draft_ledgers = saved
+        store.ledgers = saved
 
 
 def plan(book: Ledger, cfg: RunConfig) -> DraftPlan:
@@ -95,17 +121,23 @@ def plan(book: Ledger, cfg: RunConfig) -> DraftPlan:
     planned = cfg.num_drafts
     if cfg.drafting == "always":
         return DraftPlan(planned, "")
-    if not book.runs:
-        return DraftPlan(planned, "as planned: no run with drafts on this model yet, so this one measures them")
+    runs = book.steady()
+    left = [f"{k} {why}" for k, why in ((len(book.runs) - len(runs), "flagged slow"), (book.cold, "cold")) if k]
+    left_out = f"left out: {', '.join(left)}" if left else ""
+    frozen = "; reproducible: read once, this run adds nothing" if cfg.reproducible else ""
+    if not runs:
+        return DraftPlan(planned, "as planned: no run with drafts on this model yet, so this one measures them" +
+                         (f" ({left_out})" if left else "") + frozen)
     cost, saved, forwards = book.totals()
-    n = len(book.runs)
+    n, now = len(runs), time.monotonic()
+    ages = f"{now - runs[-1].at:.0f}-{now - runs[0].at:.0f}" if n > 1 else f"{now - runs[0].at:.0f}"
     said = (f"in the last {n} run{'s' if n != 1 else ''} with drafts on this model they cost {cost:.2f} s beyond "
             f"lone reasoning steps and saved {saved:.2f} s ({forwards} answer forward{'s' if forwards != 1 else ''} "
-            "no lookup would have saved)")
+            f"no lookup would have saved), warm runs {ages} s old{f' ({left_out})' if left else ''}{frozen}")
     if saved >= cost:
         return DraftPlan(planned, f"as planned: {said}")
     if book.undrafted + 1 >= RECHECK:
         return DraftPlan(planned, f"as planned, to measure again ({RECHECK - 1} runs without): {said}")
-    left = RECHECK - 1 - book.undrafted
+    wait = RECHECK - 1 - book.undrafted
     return DraftPlan(0, f"none of {planned}: {said}; so this run used lookups alone (drafts measured again in "
-                        f"{left} run{'s' if left != 1 else ''}; Drafting: always forks them)")
+                        f"{wait} run{'s' if wait != 1 else ''}; Drafting: always forks them)")
