@@ -258,7 +258,10 @@ def test_each_visitor_has_their_own_drafting_ledger(tmp_path, monkeypatch):
     assert planned == [0, 1, 0], "b's run saw a's ledger"
     last = studio.history(visitor=studio.visitor("session-b"))[0]
     assert last["drafting"].startswith("as planned: no run with drafts on this model yet")
-    assert not hasattr(studio.model("tiny"), "_draft_ledgers"), "a visitor's ledger was left on the shared model"
+    from engine.methods.ssr.evidence import Evidence
+
+    assert not any(book.runs for book in Evidence.of(studio.model("tiny")).ledgers.values()), \
+        "a visitor's ledger was left on the shared model"
     (tmp_path / "off").mkdir()
     shared = _studio(tmp_path / "off", public=False)
     shared.drafting = "auto"
