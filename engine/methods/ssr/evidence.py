@@ -1,7 +1,7 @@
 """What SSR's decisions have learned on one loaded model, in one object passed to the loop (DESIGN.md
 convention 15): per numerics route (exact mode's route, compiled steps: they change what a row or
 a width costs), the drafting ledger (``engine.methods.ssr.policy``), the forward costs
-(``engine.methods.ssr.widths``), how many runs the route has begun and its recent runs' pace.
+(``engine.methods.ssr.widths``), how many runs of each kind have finished and the route's recent runs' pace.
 
 Which runs teach:
 
@@ -67,7 +67,7 @@ class Evidence:
     """One model's SSR evidence, by route (``RunConfig.exact_mode``, ``RunConfig.compile``): ``ledgers``
     (``policy.Ledger``, made by ``policy.ledger``), ``costs`` (``widths.Costs``, made by ``widths.costs``),
     ``paces`` (recent warm runs' :func:`pace`, shared by the route's ledger and costs) and ``seen``
-    (SSR runs begun per :meth:`kind`, warm-ups included)."""
+    (SSR runs finished per :meth:`kind`, warm-ups included)."""
 
     ledgers: dict = field(default_factory=dict)
     costs: dict = field(default_factory=dict)
@@ -95,10 +95,16 @@ class Evidence:
         return cfg.exact_mode, cfg.compile, method, cfg.num_drafts > 1, cfg.think_spec > 0
 
     def begin(self, cfg: RunConfig, method: str) -> bool:
-        """An SSR run (method ``method``) with ``cfg`` begins: counted; whether it is warm (its evidence may teach)."""
+        """An SSR run (method ``method``) with ``cfg`` begins: whether it is warm (its evidence may
+        teach), i.e. :data:`COLD_RUNS` runs of its kind have finished before it. A run refused before
+        its first forward, or stopped, is not counted (:meth:`finished`): it may not have met the
+        kind's shapes, and the warm-up after it must still be the cold one."""
+        return self.seen.get(self.kind(cfg, method), 0) >= COLD_RUNS
+
+    def finished(self, cfg: RunConfig, method: str) -> None:
+        """An SSR run of this kind ran to its end (a reproducible one too: it met the shapes)."""
         kind = self.kind(cfg, method)
         self.seen[kind] = self.seen.get(kind, 0) + 1
-        return self.seen[kind] > COLD_RUNS
 
     def learn(self, cfg: RunConfig, stats: RunStats, warm: bool, book, planned: int, costs, timings) -> None:
         """A finished run teaches: a warm one's pace joins the route's, ``book`` (its ``policy.Ledger``,

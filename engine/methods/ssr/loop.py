@@ -164,6 +164,7 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
                               "tokens), so this run measured nothing about drafts")
     yield rec.phase("done")
     done = rec.done()
+    store.finished(cfg, method)
     if not cfg.reproducible:  # what its drafts cost and saved, and its forwards, for the next runs' decisions
         store.learn(cfg, done.stats, warm, book, planned, costs(store, cfg), state.costs.own)
     yield done
@@ -498,8 +499,9 @@ def answer_by_verification(s: SSRState, budget: SSRBudget) -> Iterator[Event]:
                                        prop.label if prop else None)], end=t1, tokens=s.computed)
         for j, t in enumerate(taken):
             yield rec.token("answer", t, prop.status, prop.draft, prop.source, prop.match_len)
-            if prop.draft is not None:
-                yield rec.draft_status(prop.draft, prop.start + j, prop.status, prop.source, prop.match_len)
+            if prop.draft is not None and (ev := rec.draft_status(prop.draft, prop.start + j, prop.status, prop.source,
+                                                                  prop.match_len)) is not None:  # None: taken already
+                yield ev
         # 4. record what was proposed and not taken (a draft's end is no token of its pane)
         if prop is not None:
             for j in range(accepted, len(proposed)):
