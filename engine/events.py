@@ -10,10 +10,12 @@ Streams and statuses:
 * ``reasoning``: the chain of thought, ``generated`` (the end-of-thinking marker included).
 * ``answer``: ``generated`` (the model's own pick), ``accepted`` (a draft token taken by prefix
   verification) or ``recovered`` (a token taken from a draft, the prompt, the reasoning or the
-  answer itself after a suffix match; ``source`` and ``match_len`` say which).
+  answer itself after a suffix match; ``source`` and ``match_len`` say which). Each answer token is
+  credited to the one proposer that won it (:func:`proposer`, :func:`credit`): the colour it shows and
+  the count it adds to are the same.
 * ``draft``: each draft's tokens as written (``generated``), then re-emitted with the same
   ``position`` as ``accepted`` / ``recovered`` when taken, or ``rejected`` when proposed and not
-  taken. A token taken later is re-emitted as taken; a taken token is never marked rejected.
+  taken. A token taken later is re-emitted as taken; a taken token gets no other verdict (one credit).
 
 Forwards: every forward of a model becomes a :class:`ForwardEvent`, yielded before the tokens it
 chose: its phase, its start and end (device synchronised: the end is when its logits were ready),
@@ -33,6 +35,33 @@ from dataclasses import dataclass, field
 PHASES = ("prefill", "reasoning", "drafting", "exit", "answer", "done")
 STREAMS = ("reasoning", "draft", "answer")
 STATUSES = ("generated", "accepted", "recovered", "rejected")
+LOOKUPS = ("prompt", "reasoning", "answer")  # a suffix match there is a lookup, not a draft's work
+
+
+def proposer(status: str, source: str | None) -> str | None:
+    """Who won a sped-up token, as the forwards' records name its proposer: "draft prefix",
+    "suffix in drafts", or "lookup in prompt" (reasoning, answer); None for a token the model chose
+    alone (or one proposed and not taken, or one a server's own speculation accepted).
+
+    >>> proposer("recovered", "reasoning"), proposer("recovered", "draft"), proposer("accepted", "draft")
+    ('lookup in reasoning', 'suffix in drafts', 'draft prefix')"""
+    if status == "accepted" and source == "draft":
+        return "draft prefix"
+    if status in ("accepted", "recovered") and source in LOOKUPS:
+        return f"lookup in {source}"
+    if status == "recovered":
+        return "suffix in drafts"
+    return None
+
+
+def credit(status: str, source: str | None) -> str:
+    """The :class:`RunStats` counter an answer token of ``status`` from ``source`` adds to, one per token:
+    ``accepted`` (green: the draft prefix, or a server's speculation), ``recovered`` (amber: a suffix in a
+    draft), ``lookup_prompt`` / ``lookup_reasoning`` / ``lookup_answer`` (blue: a lookup there) or
+    ``generated``. ``credit("recovered", "reasoning")`` is ``"lookup_reasoning"``, never ``"recovered"``."""
+    if status in ("accepted", "recovered") and source in LOOKUPS:
+        return f"lookup_{source}"
+    return status
 
 
 @dataclass(frozen=True)
@@ -78,8 +107,14 @@ class RunStats:
     answer_tokens: int = 0
     draft_tokens: int = 0
     drafts: int = 0
+    # the answer's tokens by the proposer that won them (``credit``; they sum to ``answer_tokens``): the draft prefix
+    # (a server's speculation too), a suffix in a draft, a lookup in the prompt / the reasoning / the answer itself,
+    # and ``generated`` below. Runs logged before schema 18 counted lookups in ``recovered`` (their lookup_* are null)
     accepted: int = 0
     recovered: int = 0
+    lookup_prompt: int = 0
+    lookup_reasoning: int = 0
+    lookup_answer: int = 0
     rejected: int = 0  # draft tokens proposed and never taken (what the Draft pane shows struck through)
     rejected_lookup: int = 0  # tokens proposed from the prompt, reasoning or answer and not taken
     generated: int = 0  # answer tokens the model picked itself
@@ -149,12 +184,72 @@ class RunStats:
     exit_score: float | None = None  # the agreeing drafts' mean token probability under the model (measured when the rule has a bar)
     exit_why: str = ""  # no exit: why the rule never held, with the counts (ExitBudget.why_not)
 
+    def won(self) -> dict[str, int]:
+        """The answer's tokens by the proposer that won them, as the panes colour them (:func:`proposer`'s
+        names; "generated": the model's own); they sum to ``answer_tokens``."""
+        return {"draft prefix": self.accepted, "suffix in drafts": self.recovered,
+                **{f"lookup in {src}": getattr(self, f"lookup_{src}") for src in LOOKUPS}, "generated": self.generated}
+
+    def repetition(self) -> str:
+        """A note when lookups won most of the answer (the model repeats what it wrote or read), else "":
+        "lookups won 83% of the answer: the model repeats its reasoning and the prompt"."""
+        looked = {src: getattr(self, f"lookup_{src}") for src in LOOKUPS}
+        if not self.answer_tokens or 2 * sum(looked.values()) <= self.answer_tokens:
+            return ""
+        names = {"prompt": "the prompt", "reasoning": "its reasoning", "answer": "its own answer"}
+        what = " and ".join(names[src] for src, n in sorted(looked.items(), key=lambda kv: -kv[1]) if n)
+        return f"lookups won {sum(looked.values()) / self.answer_tokens:.0%} of the answer: the model repeats {what}"
+
+    def by_proposer(self) -> list[ProposerAcceptance]:
+        """Per proposer, its verifies' acceptance over the run (from ``acceptance``: every row's verifies,
+        a draft row's own lookups and the reasoning's included), most accepted tokens first."""
+        from engine.forwards import parse  # engine.forwards reads this module: imported here, not at the top
+
+        mine = [ProposerAcceptance.of(who, a) for who, a in parse(self.acceptance).items()]
+        return sorted(mine, key=lambda p: (-p.num_accepted_tokens, p.proposer))
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
+
+
+@dataclass(frozen=True)
+class ProposerAcceptance:
+    """One proposer's verifies over a run, in vLLM's spec-decode terms: ``num_drafts`` (its proposals
+    verified), ``num_draft_tokens`` (their tokens) and ``num_accepted_tokens`` (of them, accepted; a
+    draft's accepted end of sequence included, as vLLM counts it). Its acceptance rate is accepted /
+    draft tokens; its mean acceptance length 1 + accepted / drafts (the verifier's own token included).
+
+    >>> ProposerAcceptance("draft prefix", 2, 40, 30).words()
+    'draft prefix: 30 of 40 tokens accepted (75%) in 2 verifies, mean acceptance length 16.0'"""
+
+    proposer: str
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+
+    @classmethod
+    def of(cls, proposer: str, a: dict[str, list[int]]) -> ProposerAcceptance:
+        """From one proposer's entry of ``RunStats.acceptance`` (``engine.forwards.acceptance``)."""
+        return cls(proposer, sum(a.get("hist", [])), sum(a.get("reached", [])), sum(a.get("taken", [])))
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
+
+    def words(self) -> str:
+        rate, mean = self.acceptance_rate, self.mean_acceptance_length
+        return (f"{self.proposer}: {self.num_accepted_tokens} of {self.num_draft_tokens} tokens accepted"
+                + (f" ({rate:.0%})" if rate is not None else "")
+                + f" in {self.num_drafts} verif{'ies' if self.num_drafts != 1 else 'y'}"
+                + (f", mean acceptance length {mean:.1f}" if mean is not None else ""))
 
 
 @dataclass(frozen=True)
@@ -231,8 +326,9 @@ class TokenTally:
     they are counted, by the recorder as a loop emits them, by the run log for a run that stopped
     before its :class:`DoneEvent`, and by the studio while a run streams.
 
-    Counted: reasoning and answer tokens, the answer's ``accepted`` / ``recovered`` /
-    ``generated`` split, draft tokens written, ``rejected`` (draft tokens whose latest status is
+    Counted: reasoning and answer tokens, the answer's split by the proposer that won each token
+    (:func:`credit`: ``accepted`` / ``recovered`` / ``lookup_*`` / ``generated``, once per token, a new
+    verdict moving it), draft tokens written, ``rejected`` (draft tokens whose latest status is
     rejected: proposed, never taken) and, for RSD, draft steps kept and rewritten by the target.
 
     >>> tally = TokenTally(RunStats())
@@ -244,7 +340,7 @@ class TokenTally:
         self.stats = stats
         self.steps_kept = self.steps_rewritten = 0
         self._draft_status: dict[tuple[int | None, int], str] = {}  # each draft token's latest status
-        self._answer_status: list[str] = []  # each answer token's latest status
+        self._answer_credit: list[str] = []  # the counter each answer token adds to, by its latest verdict
 
     def add(self, ev: Event) -> None:
         s = self.stats
@@ -252,14 +348,15 @@ class TokenTally:
             if ev.stream == "reasoning":
                 s.reasoning_tokens += 1
             elif ev.stream == "answer":
-                if ev.position < len(self._answer_status):  # a new verdict: the token moves between counts
-                    before = self._answer_status[ev.position]
+                won = credit(ev.status, ev.source)
+                if ev.position < len(self._answer_credit):  # a new verdict: the token moves between counts
+                    before = self._answer_credit[ev.position]
                     setattr(s, before, getattr(s, before) - 1)
-                    self._answer_status[ev.position] = ev.status
+                    self._answer_credit[ev.position] = won
                 else:
                     s.answer_tokens += 1
-                    self._answer_status.append(ev.status)
-                setattr(s, ev.status, getattr(s, ev.status) + 1)  # accepted / recovered / generated
+                    self._answer_credit.append(won)
+                setattr(s, won, getattr(s, won) + 1)
             else:
                 before = self._draft_status.get((ev.draft, ev.position))
                 s.draft_tokens += before is None

@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from engine.benchmarks.summary import iqr, wilson
+from engine.events import LOOKUPS
 from engine.forwards import merge, parse
 from engine.runlog.compare import match_key, matching_baselines, pool, run_time
 
@@ -24,10 +25,11 @@ METHOD_COLORS = {"baseline": "#6b7280", "ssr": "#2563eb", "rsd": "#9333ea", "tar
 COLORS = {**METHOD_COLORS, **{k.capitalize(): v for k, v in METHOD_COLORS.items()}, "SSR": "#2563eb",
           "RSD": "#9333ea", "SSR early exit": METHOD_COLORS["ssr-exit"],
           "SSR lookups alone": METHOD_COLORS["ssr-lookups"], "accepted": "#16a34a", "recovered": "#d97706",
-          "generated": "#9ca3af"}
-# the legend goes under the x axis' title (never over it, the title or a second axis), the plot's
-# margin grows to hold it (automargin), and titles are short enough for a 700 px wide chart
-LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.32, xanchor="left", x=0)
+          "lookups": "#0284c7", "generated": "#9ca3af"}
+# the legend goes at the figure's foot, under the x axis' title (never over it, the title or a second axis): placed
+# on the container, not the plot (a paper fraction below the plot ran into the acceptance chart's slanted tick labels),
+# it reserves its own margin on top of the axes' automargin; titles are short enough for a 700 px wide chart
+LEGEND_BELOW = dict(orientation="h", yref="container", yanchor="bottom", y=0, xanchor="left", x=0)
 
 
 def _layout(fig: go.Figure, title: str, height: int = 320, **kw) -> go.Figure:
@@ -105,13 +107,18 @@ def accuracy_by_method(rows: list[dict]) -> go.Figure:
 
 
 def token_composition(rows: list[dict]) -> go.Figure:
-    """History: answer tokens per run split into accepted / recovered / generated."""
+    """History: answer tokens per run by the proposer that won each (``engine.events.credit``), as the panes
+    colour them: accepted (the draft prefix), recovered (a suffix in a draft), lookups (prompt, reasoning,
+    answer) and generated, each token once. A run logged before schema 18 has no lookup counts: its
+    "recovered" holds its lookups, as it was logged."""
     rows = [r for r in rows if r["status"] == "ok"][:40][::-1]
     # x: the run ids as numbers, so that plotly shows as many tick labels as fit (40 run labels at 760 px ran
     # into each other); each bar's hover names its run and method
     ids, names = [r["id"] for r in rows], [f"run #{r['id']} {r['method']}" for r in rows]
-    fig = go.Figure([go.Bar(name=k, x=ids, y=[r[k] or 0 for r in rows], marker_color=COLORS[k], hovertext=names)
-                     for k in ("accepted", "recovered", "generated")])
+    looked = [sum(r.get(f"lookup_{src}") or 0 for src in LOOKUPS) for r in rows]
+    fig = go.Figure([go.Bar(name=k, x=ids, y=looked if k == "lookups" else [r[k] or 0 for r in rows],
+                            marker_color=COLORS[k], hovertext=names)
+                     for k in ("accepted", "recovered", "lookups", "generated")])
     _layout(fig, "Answer tokens by origin (latest 40 runs)", barmode="stack", yaxis_title="tokens",
             xaxis_title="run id")
     fig.update_xaxes(tickformat="d")
@@ -318,10 +325,12 @@ def acceptance_by_method(rows: list[dict]) -> go.Figure:
     if not groups:
         return _empty(_layout(go.Figure(), "Acceptance by method and model", 360),
                       "No verifies logged yet: SSR (or hf-pld) runs verify proposals.")
-    _layout(fig, "Acceptance by method and model", 360)
+    # its legend (a curve per method, model and proposer) reserves its own room at the foot: the figure grows by it,
+    # so the plots keep their height
+    _layout(fig, "Acceptance by method and model", 360 + 11 * sum(1 for t in fig.data if t.showlegend is not False))
     fig.update_yaxes(title_text="tokens", row=1, col=1)
     fig.update_yaxes(title_text="accepted", tickformat=".0%", range=[0, 1.05], row=1, col=2)
-    fig.update_xaxes(title_text="position in the proposal", tickformat="d", row=1, col=2)
+    fig.update_xaxes(title_text="position in the proposal", tickformat="d", dtick=1, row=1, col=2)
     fig.update_xaxes(tickangle=-30, row=1, col=1)  # five SSR-loop and peer methods side by side at 760 px
     return fig
 

@@ -18,11 +18,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import html
+import json
 import logging
 import statistics
 import time
 from collections.abc import Iterator
 
+from engine.benchmarks.agreement import agreement
 from engine.config import RunConfig, number
 from engine.llamacpp import lib as llama_lib
 from engine.llamacpp.model import RUNTIME as LLAMA
@@ -31,13 +33,13 @@ from engine.methods.rsd.loop import check_pair
 from engine.methods.seams import StepModel
 from engine.methods.ssr.policy import kept_apart
 from engine.presets import provenance, recommended_settings, with_exit_probes
-from engine.registry import LOSSY, SSR_LOOP, decoder, not_on_a_server
+from engine.registry import LOSSY, SSR_LOOP, decoder, not_answer_only, not_on_a_server
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel
 from engine.runlog import RunLog, RunLogError, RunMeta, prompt_hash
 from engine.runlog.compare import finished, matched_on, matching_baselines, pool, run_time, slow_runs
+from engine.runtime.markers import Conversation, check_history
 from engine.runtime.model import LoadedModel, ModelLoadError, SSRUnsupportedError
-from engine.tools.agreement import agreement
 from engine.wiring import run_config
 from ssr_ui import charts
 from ssr_ui.benchmark import BenchmarkRuns
@@ -45,7 +47,7 @@ from ssr_ui.frame import Frame
 from ssr_ui.history import PastRuns
 from ssr_ui.jobs import Job, Jobs, claimed
 from ssr_ui.public import Public
-from ssr_ui.render import TraceView, error_html, html_note, metrics_html
+from ssr_ui.render import TraceView, error_html, esc, html_note, metrics_html
 from ssr_ui.shelf import ModelShelf
 from ssr_ui.waiting import ModelLine, Ticket
 
@@ -64,6 +66,7 @@ LOAD_TIMEOUT_S = 600.0  # a model that takes longer to load is given up on (the 
 MAX_RUN_S = 900.0  # a run still going after this long is stopped (logged cancelled, shown why)
 RANGE_SETTERS = ("max_think", "num_drafts", "weighting")  # checked first: other settings' ranges depend on them
 TIMELINE_EVERY_S = 1.0  # while a run streams, the timeline is redrawn at most this often (its final frame always)
+REPEATS_FIELD, MAX_REPEATS = "Compare repeats (compare_repeats)", 5  # a Compare runs its set 1..5 times
 RSD_MOSTLY_REWRITTEN = 0.5  # above this share of rejected draft steps, RSD's panes say why it is slow
 
 
@@ -96,9 +99,11 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                  draft_model: str = DEFAULT_DRAFT, prm: str = DEFAULT_PRM, load_timeout: float = LOAD_TIMEOUT_S,
                  max_run_s: float = MAX_RUN_S, compile: str = "auto", servers: dict | None = None,
                  max_cache_gb: float | None = None, public: Public | None = None, drafting: str = "auto",
-                 runtime: str = "") -> None:
-        # models on vLLM servers, by name: a Server's fields (app --base-url, --draft-base-url, --prm-base-url)
-        ModelShelf.__init__(self, model or "tiny-reasoner", prm, device, load_timeout, servers, max_cache_gb)
+                 runtime: str = "", random_weights: dict[str, str | None] | None = None) -> None:
+        # models on vLLM servers, by name: a Server's fields (app --base-url, --draft-base-url, --prm-base-url);
+        # presets built with random weights, by name: their tokenizer folder or None (app --random-weights, --tokenizer)
+        ModelShelf.__init__(self, model or "tiny-reasoner", prm, device, load_timeout, servers, max_cache_gb,
+                            random_weights)
         self.compile = RunConfig(compile=compile).compile  # the runs' compiled-steps default (app --compile)
         self.drafting = RunConfig(drafting=drafting).drafting  # SSR's drafting default (app --drafting)
         self.runtime = runtime_of(runtime)  # the runtime a run gets when it names none (app --runtime)
@@ -150,31 +155,39 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
 
     # ------------------------------------------------------------------ the streaming handler
     def run(self, prompt: str, method: str = "SSR", model_name: str = "", draft_model: str = "",
-            prm: str = "", job: Job | None = None, **settings) -> Iterator[Frame]:
+            prm: str = "", job: Job | None = None, history=None, repeats=1, **settings) -> Iterator[Frame]:
         """Stream a run (or, for "Compare", baseline, SSR, SSR early exit and RSD in turn) as UI frames; errors
         become a message in the metrics strip, never an exception in the page. A ``job`` marked
         cancelled stops the run at its next event (logged ``cancelled``, shown "stopped"); one
-        cancelled before it started runs nothing and logs nothing."""
+        cancelled before it started runs nothing and logs nothing. ``history``: the chat's earlier
+        turns (a list of ``{"role", "content"}`` messages or its JSON text, ``check_history``), so
+        ``prompt`` is the conversation's next turn, templated after them (``Conversation``; the run log
+        keeps every turn). ``repeats``: how many times a Compare runs its set (:func:`compare_repeats`),
+        each run's ratio to baseline then the median of its pairs."""
         job = job or Job(None, None)
         if job.cancelled:
             return
         try:
-            yield from self._run(prompt, method, model_name, draft_model, prm, job, settings)
+            yield from self._run(prompt, method, model_name, draft_model, prm, job, settings, history, repeats)
         except (ValueError, ModelLoadError, SSRUnsupportedError, BackendError) as err:
             yield Frame.of(TraceView(phase="error"), error_html(str(err)))
         except Exception as err:  # the page never shows a bare "Error": say what broke, keep the app up
             log.exception("run failed")
             yield Frame.of(TraceView(phase="error"), error_html(f"the run failed: {type(err).__name__}: {err}"))
 
-    def _run(self, prompt, method, model_name, draft_model, prm, job: Job, settings: dict) -> Iterator[Frame]:
+    def _run(self, prompt, method, model_name, draft_model, prm, job: Job, settings: dict,
+             history=None, repeats=1) -> Iterator[Frame]:
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("type a prompt first")
+        if history and (turns := check_history(history)):
+            prompt = Conversation(turns, prompt)
         if method not in MODES:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(MODES)}")
         self.vet(model_name, draft_model, prm)
         runtime = runtime_of(settings.pop("runtime", "") or self.runtime)
         cfg = self.config(model_name, **settings)
         compare = method == "Compare"
+        repeats = compare_repeats(repeats) if compare else 1
         runs = list(COMPARE_RUNS) if compare else [method]
         skipped: dict[str, str] = {}  # a Compare's runs that cannot run here, with the reason (alone: refused)
 
@@ -192,9 +205,9 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             cannot(ssr_family, err)
         model_name = (model_name or self.default_model).strip()
         on = f" on {runtime}" if runtime else ""
-        yield Frame.note(f"loading {model_name}{on}…")
+        yield _loading(f"loading {model_name}{on}…")
         for status in self.loading(model_name, runtime=runtime):  # a first load (a GGUF file's conversion) says how it goes
-            yield Frame.note(f"loading {model_name}{on}… {status}")
+            yield _loading(f"loading {model_name}{on}… {status}")
         lm = self.model(model_name, runtime)
         for name in runs if isinstance(lm, RemoteModel) else []:  # early exit, the ablation: in process only
             if why := not_on_a_server(METHOD_NAMES[name]):
@@ -204,6 +217,9 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 lm.require_markers()
         except SSRUnsupportedError as err:
             cannot(ssr_family, err)
+        for name in runs if not cfg.thinking else []:  # thinking off (Run settings' Thinking): refused before the run
+            if why := not_answer_only(METHOD_NAMES[name], lm):
+                cannot([name], ValueError(why))
         rsd = {}
         if "RSD" in runs:
             try:
@@ -219,9 +235,9 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             return
         try:
             deadline = time.perf_counter() + self.max_run_s
-            finals = {}
+            finals, trials = {}, Trials()
             base_cfg = cfg
-            for name in runs:
+            for name in [name for _ in range(repeats) for name in runs]:
                 if job.cancelled:
                     break
                 cfg = with_exit_probes(base_cfg, model_name) if name == EXIT_MODE else base_cfg  # drafts enough to agree
@@ -233,13 +249,16 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                                  # RSD's budget is the whole response: its cut is known from its final stats only
                                  budgets=None if name == "RSD" else (cfg.max_think, cfg.max_answer),
                                  rule=self.rsd_rule(model_name, cfg) if name == "RSD" else None,
-                                 dtypes=_dtypes(lm, rsd if name == "RSD" else {}), skipped=skipped)
-                yield from self._stream(lm, prompt, name, cfg, view, rsd, job, deadline, last=name == runs[-1])
+                                 dtypes=_dtypes(lm, rsd if name == "RSD" else {}), skipped=skipped,
+                                 draft_start=cfg.draft_start, thinking_off=not cfg.thinking)
+                yield from self._stream(lm, prompt, name, cfg, view, rsd, job, deadline,
+                                        last=name == runs[-1] and trials.round == repeats - 1)
                 # a Compare's runs are measured against its own baseline run (the pair its chart shows)
                 pair = finals["Baseline"].view.done if compare and "Baseline" in finals else None
                 alone = finals[LOOKUPS_MODE].view.done if name == "SSR" and LOOKUPS_MODE in finals else None
                 finals[name] = last = self._frame(view, name, lm, prompt, cfg, final=True, pair=pair, job=job,
-                                                  lookups=alone)
+                                                  lookups=alone, trials=trials if compare else None)
+                trials.round += name == runs[-1]
         finally:
             self.line.release(ticket)
         if not finals:  # stopped before anything ran: nothing logged
@@ -251,6 +270,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         latencies = {name: f.view.stats.wall_s if f.view.done is not None else None for name, f in finals.items()}
         done = sum(v is not None for v in latencies.values())
         notes = [f"stopped: {done} of {len(runs)} finished"] if done < len(runs) else []
+        notes += [f"{repeats} rounds: the panes and the bars show the last"] if repeats > 1 else []
         notes += [f"not run: {', '.join(skipped)}"] if skipped else []
         for name in skipped:  # each in the run picker, its panes saying why it did not run
             view = TraceView(method=METHOD_NAMES[name], phase="skipped", skipped=skipped)
@@ -263,10 +283,10 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         """Load RSD's draft model and PRM (each named by its field when it will not load) and check
         the draft against ``lm``; returns what the RSD decoder takes."""
         draft_model, prm = (draft_model or self.default_draft).strip(), (prm or self.default_prm).strip()
-        yield Frame.note(f"loading the draft model {draft_model} and the PRM {prm}…")
+        yield _loading(f"loading the draft model {draft_model} and the PRM {prm}…")
         with _field("Draft model (draft_model)"):
             for status in self.loading(draft_model):
-                yield Frame.note(f"loading the draft model {draft_model}… {status}")
+                yield _loading(f"loading the draft model {draft_model}… {status}")
             draft_lm = self.model(draft_model)
         with _field("Process reward model (prm)"):
             scorer = self.scorer(prm)
@@ -325,18 +345,24 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 "usually right (the bundled draft knows arithmetic prompts only)")
 
     def _frame(self, view, name, lm, prompt, cfg, final=False, chart=None, pair=None, timeline=True,
-               job: Job | None = None, lookups=None) -> Frame:
-        """A frame of ``view``; a final one is compared with its baseline (``pair``: a Compare's own)
-        and, for a Compare's SSR run, with the same Compare's lookups-alone run (``lookups``, its
-        final event): what the drafts added."""
+               job: Job | None = None, lookups=None, trials: Trials | None = None) -> Frame:
+        """A frame of ``view``; a final one is compared with its baseline (``pair``: a Compare's own,
+        judged over its rounds in ``trials``: :meth:`_judge_pair`) and, for a Compare's SSR run that
+        forked drafts, with the same Compare's lookups-alone run (``lookups``, its final event): what
+        the drafts added."""
         compare = None
-        if final and name != "Baseline":
+        if final and (name != "Baseline" or trials is not None):
             try:
                 row = _live_row(view, METHOD_NAMES[name], lm, prompt, cfg, self.visitor(job.session if job else None))
-                compare = self.compare_to_baseline(row, view.done, cfg, pair)
+                if trials is not None and view.done is not None:
+                    trials.slow[name] = self._slow(row, view.done.stats)
+                if name != "Baseline":
+                    compare = self.compare_to_baseline(row, view.done, cfg, pair)
             except RunLogError as err:
                 view.notice = view.notice or f"history unavailable: {err}"
-            if compare is not None and lookups is not None and lookups.stats.wall_s:
+            if compare is not None and trials is not None and pair is not None:
+                compare = _judge_pair(compare, name, view, trials)
+            if compare is not None and lookups is not None and lookups.stats.wall_s and view.done.stats.drafts:
                 compare["vs_lookups"] = view.done.stats.wall_s / lookups.stats.wall_s
         return Frame.of(view, metrics_html(view, name, compare), chart, timeline=timeline or final)
 
@@ -384,6 +410,13 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                                          done.reasoning_ids + done.answer_ids)
         return out
 
+    def _slow(self, row: dict, stats) -> str:
+        """Why the run just finished (``row``: :func:`_live_row`, ``stats``: its RunStats) is flagged
+        slow against the logged runs of its kind, as History flags runs (``compare.slow_runs``); "" when not."""
+        peers = self.log.runs(limit=200, method=row["method"], model=row["model"])
+        me = {**row, "id": -1, "wall_s": stats.wall_s, "forward_calls": stats.forward_calls}
+        return slow_runs([*peers, me]).get(-1, "")
+
     def rsd_rule(self, model_name: str, cfg: RunConfig) -> str:
         """RSD's acceptance rule as run, and where each number came from."""
         tuned = recommended_settings(model_name or self.default_model)
@@ -420,9 +453,9 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 raise ValueError(f"{len(starts)} draft starts is too many for one sweep (at most 50)")
             configs = [self.config(model_name, **{**settings, "draft_start": d}).check_ssr() for d in starts]
             name = (model_name or self.default_model).strip()
-            yield html_note(f"sweep of {len(starts)} draft starts: loading {name}…"), None
+            yield load_html(f"sweep of {len(starts)} draft starts: loading {name}…"), None
             for status in self.loading(model_name, runtime=self.runtime):
-                yield html_note(f"loading {name}… {status}"), None
+                yield load_html(f"loading {name}… {status}"), None
             lm = self.model(model_name, self.runtime)
             lm.require_markers()  # SSR on a model that does not reason: refused before the baseline runs
             ticket = yield from self.in_line(job, lambda words: (html_note(words), None), lm, model_name)
@@ -466,6 +499,61 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         except (ValueError, ModelLoadError, SSRUnsupportedError, BackendError) as err:
             yield error_html(str(err)), None
 
+def load_html(message: str) -> str:
+    """A model load's line for the strip: a moving bar (how long a load takes is not known before it
+    ends) and ``message``, its stage as :meth:`ssr_ui.shelf.ModelShelf.loading` reports it."""
+    return f'<div class="metrics status loading"><span class="load-bar"><span></span></span>{esc(message)}</div>'
+
+
+def compare_repeats(value) -> int:
+    """How many rounds a Compare runs: a whole number in 1..:data:`MAX_REPEATS`; ValueError naming the field."""
+    n = number(REPEATS_FIELD, value, whole=True)
+    if not 1 <= n <= MAX_REPEATS:
+        raise ValueError(f"{REPEATS_FIELD} must be a whole number in 1..{MAX_REPEATS}; got {n}")
+    return int(n)
+
+
+@dataclasses.dataclass
+class Trials:
+    """A Compare's rounds so far: each run's ratios to its round's own baseline run, and why a run
+    of each kind was flagged slow (the latest round's)."""
+
+    round: int = 0
+    ratios: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    slow: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _judge_pair(compare: dict, name: str, view: TraceView, trials: Trials) -> dict | None:
+    """A Compare's run against its round's own baseline run: None (no ratio, no verdict) where it did
+    baseline's work, an SSR-family run that forked no draft and verified no proposal (its
+    RunStats.drafts and .verifies: a time that differs from baseline's by noise alone), and
+    ``view.notice`` says so; else the ratio is the median of its rounds' pair ratios, and
+    ``matched_on`` says their spread and which of the pair was flagged slow (``compare.slow_runs``)."""
+    s = view.done.stats
+    if view.method in SSR_LOOP and not s.drafts and not s.verifies:
+        view.notice = view.notice or (
+            f"same work as baseline: {name} forked no draft and verified no proposal, so it ran baseline's steps "
+            f"and its time differs from baseline's by noise alone (no speed verdict)"
+            + (f"; drafting: {s.drafting}" if s.drafting else ""))
+        return None
+    ratios = trials.ratios.setdefault(name, [])
+    ratios.append(compare["ratio"])
+    words = ["this comparison's own baseline run, just before"]
+    if len(ratios) > 1:
+        compare["ratio"] = statistics.median(ratios)
+        words = [(f"median of this comparison's {len(ratios)} rounds, each against its own baseline run "
+                  f"({min(ratios):.2f}-{max(ratios):.2f}x)")]
+    flagged = {f"this {name}": trials.slow.get(name), "the baseline": trials.slow.get("Baseline")}
+    words += [f"{who} run {why}" for who, why in flagged.items() if why]
+    compare["matched_on"] = "; ".join(words)
+    return compare
+
+
+def _loading(message: str) -> Frame:
+    """Empty panes and a model load's line in the strip (:func:`load_html`)."""
+    return Frame.of(TraceView(), load_html(message))
+
+
 def sweep_summary(points: list[dict]) -> str:
     """A sweep's outcome in a sentence: the best draft start, its ratio, and the spread of all
     points (one run each: their spread is what a single point's noise can look like)."""
@@ -478,6 +566,24 @@ def sweep_summary(points: list[dict]) -> str:
     verdict = "faster than" if best["ratio"] < 1 else "no faster than"
     return (f"best draft start {best['draft_start']}: {best['ratio']:.2f}x baseline's latency ({verdict} baseline)"
             f"{spread}")
+
+
+def continued(on: bool, history: str, prompt: str, view: TraceView | None) -> tuple[str, str]:
+    """The studio's conversation after a run, as (the next run's ``history``, as JSON; its HTML): while
+    ``on`` ("Continue the conversation"), the earlier turns and, when the run finished, its question and
+    answer (the reasoning as the answer's ``reasoning_content``, up to its end-of-thinking marker: the
+    template decides whether a later turn sees it); off, no conversation."""
+    if not on:
+        return "", ""
+    turns = list(check_history(history)) if history else []
+    if view is not None and view.phase == "done":
+        reasoning = "".join(t.text for t in view.reasoning)
+        if view.think_end and view.think_end in reasoning:
+            reasoning = reasoning[: reasoning.rfind(view.think_end)]
+        turns += [{"role": "user", "content": prompt}, {"role": "assistant", "reasoning_content": reasoning.strip(),
+                                                        "content": "".join(t.text for t in view.answer).strip()}]
+    shown = "".join(f'<div class="turn"><b>{esc(m["role"])}</b>: {esc(m["content"])}</div>' for m in turns)
+    return (json.dumps(turns), f'<div id="conversation-turns">{shown}</div>') if turns else ("", "")
 
 
 def compare_shows(runs: dict[str, Frame]) -> str:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import html
+import importlib
+from pathlib import Path
 
 import gradio as gr
 
@@ -37,8 +39,8 @@ from ssr_ui import charts
 from ssr_ui.benchmark import BENCH_METHODS, RUN_COLUMNS
 from ssr_ui.benchmark import MAX_ROWS as BENCH_MAX_ROWS
 from ssr_ui.frame import where_time_goes
-from ssr_ui.handlers import EXIT_MODE, MODES, Studio, compare_shows
-from ssr_ui.jobs import Bounds, Refused, current_event_id
+from ssr_ui.handlers import EXIT_MODE, MAX_REPEATS, MODES, Studio, compare_shows, continued
+from ssr_ui.jobs import Bounds, Refused, current_event_id, visitor_address
 from ssr_ui.render import LEGEND, TraceView, error_html, prompt_html
 from ssr_ui.timeline import TIMELINE_JS, X_MODES
 
@@ -102,7 +104,29 @@ def runtime_info() -> str:
     if llama_lib.missing() is None:
         return ("transformers: torch, any model; llama.cpp: a GGUF file (a registry model, a .gguf path) on "
                 "llama.cpp's own kernels (docs/BENCHMARKS.md 'llama.cpp')")
-    return f"llama.cpp is not installed here: {llama_lib.INSTALL}"
+    return (f"llama.cpp is not installed here: {llama_lib.INSTALL}; then reload this page (checked again on "
+            "every page load: no restart needed)")
+
+
+def recheck_runtimes(current: str) -> dict:
+    """The Runtime box, checked again (on every page load): a llama-cpp-python installed while the
+    studio runs is offered without a restart (the import system's caches and ``missing``'s are
+    cleared first). ``current`` stays picked while it is offered."""
+    importlib.invalidate_caches()
+    llama_lib.missing.cache_clear()
+    choices = runtime_choices()
+    return gr.update(choices=choices, value=current if current in choices else choices[0], info=runtime_info())
+
+
+def missing_path(name: str) -> str | None:
+    """Why a typed model name names nothing here: a local path (starting with /, ./, ../ or ~, or a
+    .gguf file not in the HUB_ID:FILE.gguf form) that does not exist; None for anything else (a known
+    name, a Hub id: the run loads it and says what went wrong)."""
+    name = (name or "").strip()
+    if not name or name in GGUF_REGISTRY or name in PRESETS or name in BUNDLED:
+        return None
+    local = name.startswith(("/", "./", "../", "~")) or (name.lower().endswith(".gguf") and ":" not in name)
+    return f"{name}: no such file or folder here" if local and not Path(name).expanduser().exists() else None
 
 
 def _api_signature(cfg, settings: dict, models: dict):
@@ -131,6 +155,13 @@ def _api_signature(cfg, settings: dict, models: dict):
     return decorate
 
 
+# Run pressed with the strip out of view (a narrow window, a scrolled page): the strip comes to the top, the panes under it
+SHOW_STRIP_JS = """() => {
+    const strip = document.querySelector('#strip'), r = strip && strip.getBoundingClientRect();
+    if (r && (r.top < 0 || r.top > window.innerHeight - 260)) strip.scrollIntoView({block: 'start'});
+}"""
+
+
 RSD_ONLY = ("threshold", "weighting", "weight_param", "draft_confidence")  # settings only RSD reads
 
 
@@ -144,12 +175,24 @@ def _as_sent(component):
 def build_app(studio: Studio) -> gr.Blocks:
     cfg = studio.config(studio.default_model)
     empty = TraceView()
-    with gr.Blocks(title="SSR Studio") as demo:
+    with gr.Blocks(title="SSR Studio", delete_cache=studio.DELETE_CACHE) as demo:
         gr.Markdown("## SSR Studio: self-speculation for reasoning models, shown token by token")
         with gr.Tab("Run"):
             with gr.Row():
                 with gr.Column(scale=3):
                     prompt = gr.Textbox(label="Prompt", lines=4, placeholder="Ask the reasoning model something")
+                    # a chat: while on, each finished run's question and answer become the next run's earlier turns
+                    chat_on = gr.Checkbox(False, label="Continue the conversation", elem_id="continue",
+                                          info="the next run follows this one's question and answer, as the model's "
+                                               "chat template writes a conversation (docs/TEMPLATES.md)")
+                    chat_pane = gr.HTML("", elem_id="conversation")
+                    # the run's last API parameter: the chat's earlier turns, JSON [{"role", "content"}, ...] ("": none;
+                    # Studio.run validates it), so a caller continues a conversation and older callers are unaffected
+                    history = gr.Textbox(value="", visible=False, label="history")
+                    with gr.Row(elem_classes="run-row"):
+                        run_btn = gr.Button("Run", variant="primary", elem_id="run")
+                        stop_btn = gr.Button("Stop", variant="stop", interactive=False, elem_id="stop")
+                    draft_start, draft_slider = _draft_start_boxes(cfg)
                 with gr.Column(scale=2):
                     method = gr.Radio(list(MODES), value="SSR", label="Method", elem_id="method")
                     model = _as_sent(gr.Dropdown(studio.public.choices(model_choices(studio.default_model)),
@@ -160,14 +203,33 @@ def build_app(studio: Studio) -> gr.Blocks:
                                              "a Hub id, a .gguf file or HUB_ID:FILE.gguf"))  # a shared studio's vet names it
                     runtime = gr.Radio(runtime_choices(), value=studio.runtime or RUNTIMES[0], label="Runtime", elem_id="runtime",
                                        info=runtime_info())
-                    with gr.Row():
-                        run_btn = gr.Button("Run", variant="primary")
-                        stop_btn = gr.Button("Stop", variant="stop", interactive=False, elem_id="stop")
+                    # an API parameter after history (reproducible and compare_repeats follow): older callers are unaffected
+                    thinking = gr.Checkbox(value=cfg.thinking, label=LABELS["thinking"], elem_id="thinking",
+                                           info="off: the answer alone, where the model's chat template has a "
+                                                "thinking switch (Qwen3's enable_thinking); SSR then has no reasoning "
+                                                "to draft from (docs/TEMPLATES.md)")
+            # the strip and the panes right under Run: in view when it is pressed (the settings follow them)
+            metrics = gr.HTML('<div class="metrics status">ready</div>', label="metrics", elem_id="strip")
+            with gr.Row(equal_height=False):
+                with gr.Column():
+                    gr.Markdown("**Reasoning**")
+                    reasoning_pane = gr.HTML(empty.reasoning_html(), label="reasoning", elem_id="reasoning-pane")
+                with gr.Column():
+                    gr.Markdown("**Draft**")
+                    draft_pick = gr.Dropdown([], label="Show draft", visible=False,
+                                             info="iterative SSR writes several drafts")
+                    draft_pane = gr.HTML(empty.draft_html(), label="draft", elem_id="draft-pane")
+                with gr.Column():
+                    gr.Markdown("**Final answer**")
+                    answer_pane = gr.HTML(empty.answer_html(), label="answer", elem_id="answer-pane")
+            with gr.Row():
+                run_pick = gr.Radio([], label="Show run", visible=False, elem_classes="run-pick",
+                                    info="a comparison ran each of these: switch the panes between them")
+            chart = gr.Plot(label="compare chart", show_label=False, visible=False)
+            gr.HTML(LEGEND)
             with gr.Row(elem_classes="examples"):
                 example_sets = [(gr.Examples([[p] for p in prompts], inputs=[prompt], label=label), shows, suits)
                                 for label, (shows, suits, prompts) in examples().items()]
-            draft_start = _as_sent(gr.Number(value=cfg.draft_start, precision=0, label="Draft start (reasoning tokens)",
-                                             elem_id="draft-start", info=_draft_start_info(cfg.max_think)))
             with gr.Accordion("Draft-start sweep", open=False):
                 gr.Markdown("One baseline run, then SSR at each draft start, with every SSR setting and the numerics "
                             "set below (drafts, interval, lookups, suffix recovery, exact, compiled steps).")
@@ -182,6 +244,10 @@ def build_app(studio: Studio) -> gr.Blocks:
                 sweep_plot = gr.Plot(label="Sweep", show_label=False)
             with gr.Accordion("SSR settings", open=False):
                 with gr.Row():
+                    compare_repeats = _as_sent(gr.Number(
+                        value=1, precision=0, label="Compare repeats", elem_id="compare-repeats",
+                        info=f"Compare: its runs this many times (1..{MAX_REPEATS}), each run's ratio to baseline the "
+                             "median of its rounds, their spread shown"))
                     max_think = _as_sent(gr.Number(value=cfg.max_think, precision=0, label="Max think", elem_id="max-think"))
                     max_draft = _as_sent(gr.Number(value=cfg.max_draft, precision=0, label="Max draft"))
                     max_answer = _as_sent(gr.Number(value=cfg.max_answer, precision=0, label="Max answer"))
@@ -209,6 +275,11 @@ def build_app(studio: Studio) -> gr.Blocks:
                                                info=rule("seed")))
                     exact = gr.Checkbox(value=cfg.exact, label="Exact mode",
                                         info="batch- and width-invariant forwards: bitwise the same answer, slower")
+                    # the run's last API parameters (after thinking): older callers are unaffected
+                    reproducible = gr.Checkbox(value=cfg.reproducible, label=LABELS["reproducible"],
+                                               elem_id="reproducible",
+                                               info="SSR's widths and drafting fixed from the model's stored evidence "
+                                                    "as the run starts: two runs give the same tokens and counts")
                     exact_route = gr.Radio(list(EXACT_ROUTES), value=cfg.exact_route, label="Exact route",
                                            info=f"rows: the per-row reference; fixed: every step one padded "
                                                 f"{FIXED_SHAPE} shape (for GPUs: a CPU pays for every padded "
@@ -246,24 +317,6 @@ def build_app(studio: Studio) -> gr.Blocks:
             gr.Markdown(f"Limits: a run stops after {studio.max_run_s:.0f} s; a model load gives up after "
                         f"{studio.load_timeout:.0f} s; the prompt plus the budgets must fit the model's context.",
                         elem_classes="limits")
-            gr.HTML(LEGEND)
-            metrics = gr.HTML('<div class="metrics status">ready</div>', label="metrics")
-            with gr.Row(equal_height=False):
-                with gr.Column():
-                    gr.Markdown("**Reasoning**")
-                    reasoning_pane = gr.HTML(empty.reasoning_html(), label="reasoning")
-                with gr.Column():
-                    gr.Markdown("**Draft**")
-                    draft_pick = gr.Dropdown([], label="Show draft", visible=False,
-                                             info="iterative SSR writes several drafts")
-                    draft_pane = gr.HTML(empty.draft_html(), label="draft")
-                with gr.Column():
-                    gr.Markdown("**Final answer**")
-                    answer_pane = gr.HTML(empty.answer_html(), label="answer")
-            with gr.Row():
-                run_pick = gr.Radio([], label="Show run", visible=False, elem_classes="run-pick",
-                                    info="a comparison ran each of these: switch the panes between them")
-            chart = gr.Plot(label="compare chart", show_label=False, visible=False)
             timeline, tl_x = _timeline_box(empty, "timeline")
             last_runs = gr.State(None)  # the latest comparison's final frames, for the run picker
             last_view = gr.State(None)  # this browser session's latest run, for the draft picker
@@ -273,7 +326,10 @@ def build_app(studio: Studio) -> gr.Blocks:
                         "an untimed warm-up), with the model and every setting of the Run tab; answers are graded "
                         "by task (math: math-verify; choice: the option letter; code and free text: agreement with "
                         "baseline) and every run is logged under the dataset's name. `python -m engine.tools.bench "
-                        "--dataset ...` runs the same loop from a terminal.")
+                        "--dataset ...` runs the same loop from a terminal."
+                        + (f" On this shared studio a benchmark is at most {studio.public.max_benchmark_runs} runs "
+                           "(problems x repeats x methods), and it takes turns for the model: between two of its "
+                           "runs, other visitors' runs waiting go first." if studio.public.on else ""))
             with gr.Row():
                 with gr.Column(scale=3):
                     b_upload = gr.File(label="Problems file (.jsonl, .json, .csv, .parquet; up to 20 MB)",
@@ -387,12 +443,18 @@ def build_app(studio: Studio) -> gr.Blocks:
         # not RunConfig fields: "" means the studio's default (the runtime's: transformers)
         models = {"draft_model": "", "prm": "", "runtime": ""}
 
+        def visitor_of(request: gr.Request) -> str | None:
+            """The client address a shared studio bounds this visitor by (ssr_ui.jobs.visitor_address)."""
+            client, headers = getattr(request, "client", None), getattr(request, "headers", None) or {}
+            return visitor_address(getattr(client, "host", None), headers.get("x-forwarded-for"))
+
         @contextlib.contextmanager
         def job_of(request: gr.Request):
             """The job this handler runs (ssr_ui.jobs); one over a shared studio's bounds is refused with the reason."""
             with contextlib.ExitStack() as stack:
                 try:
-                    job = stack.enter_context(studio.jobs.running(current_event_id(), request.session_hash))
+                    job = stack.enter_context(studio.jobs.running(current_event_id(), request.session_hash,
+                                                                  visitor_of(request)))
                 except Refused as err:
                     raise gr.Error(str(err)) from None
                 yield job
@@ -401,15 +463,20 @@ def build_app(studio: Studio) -> gr.Blocks:
         model_jobs = (dict(concurrency_limit=studio.public.max_jobs, concurrency_id="model") if studio.public.on
                       else dict(concurrency_limit=RUN_CONCURRENCY))
 
+        run_inputs = {**run_settings, "history": history, "thinking": thinking, "reproducible": reproducible,
+                      "compare_repeats": compare_repeats}
+        run_models = {**models, "history": "", "compare_repeats": 1}
+
         @on_gpu
-        @_api_signature(cfg, run_settings, models)
+        @_api_signature(cfg, run_inputs, run_models)
         def run(request: gr.Request, prompt: str, method: str = "SSR", model: str = "", **settings):
-            roles = {name: settings.pop(name) for name in models}
+            roles = {name: settings.pop(name) for name in run_models}
             with job_of(request) as job:
                 if job is None:  # Gradio restarting a job that already ran: never run it twice
                     return
                 for frame in studio.run(prompt, method, model, roles["draft_model"], roles["prm"], job=job,
-                                        runtime=roles["runtime"], **settings):
+                                        history=roles["history"], runtime=roles["runtime"],
+                                        repeats=roles["compare_repeats"], **settings):
                     *panes, fig = frame.as_tuple()
                     runs = gr.update(visible=False)
                     if frame.runs:
@@ -426,11 +493,16 @@ def build_app(studio: Studio) -> gr.Blocks:
             return off, on, on, off, on
 
         buttons = [stop_btn, run_btn, sweep_btn, bench_stop, bench_btn]
+        run_btn.click(None, None, None, js=SHOW_STRIP_JS, queue=False, **PRIVATE)
         run_event = run_btn.click(busy, None, buttons, queue=False, **PRIVATE).then(
-            run, [prompt, method, model, *run_settings.values()],
+            run, [prompt, method, model, *run_inputs.values()],
             [reasoning_pane, draft_pane, answer_pane, metrics, chart, last_view, draft_pick, last_runs, run_pick,
              timeline],
             api_name="run", **model_jobs, show_progress="minimal", show_progress_on=[metrics])
+        # the conversation: a finished run's turn joins it while "Continue the conversation" is on; off, it is dropped
+        run_event.then(continued, [chat_on, history, prompt, last_view], [history, chat_pane], **PRIVATE)
+        chat_on.change(lambda on: ("", "") if not on else (gr.skip(), gr.skip()), [chat_on], [history, chat_pane],
+                       **PRIVATE)
         # a live run draws its timeline by time; once it ends, the x axis picked is honoured
         run_event.then(lambda view, x: gr.skip() if x == "time" or view is None else where_time_goes(view, x),
                        [last_view, tl_x], [timeline], **PRIVATE)
@@ -520,7 +592,11 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         def model_budgets(name, *shown):
             """Another model: its recommended budgets and draft start (its presets, fitted to its
-            context) replace those on screen, and a notice lists what changed."""
+            context) replace those on screen, and a notice lists what changed. A path that does not
+            exist changes nothing (a warning says so)."""
+            if why := missing_path(name):
+                gr.Warning(f"{why}: the settings on screen are kept")
+                return tuple(gr.update() for _ in shown)
             try:
                 c = studio.config(name)
             except ValueError:
@@ -556,6 +632,7 @@ def build_app(studio: Studio) -> gr.Blocks:
             return gr.update(info=_draft_start_info(think)) if think is not None and think >= 1 else gr.update()
 
         max_think.input(think_typed, [max_think], [draft_start], **PRIVATE)
+        max_think.change(draft_range, [max_think], [draft_slider], **PRIVATE)  # typed or set by a model's budgets
         for done_typing in (max_think.submit, max_think.blur):  # typing done: an out-of-range value moves, said
             done_typing(think_changed, [max_think, draft_start], [draft_start], **PRIVATE)
 
@@ -593,6 +670,7 @@ def build_app(studio: Studio) -> gr.Blocks:
         model_filter.input(load_history, history_inputs, history_outputs, **PRIVATE)
         history_tab.select(load_history, history_inputs, history_outputs, **PRIVATE)
         demo.load(load_history, history_inputs, history_outputs, **PRIVATE)
+        demo.load(recheck_runtimes, [runtime], [runtime], **PRIVATE)
         for event in (run_event, sweep_event, bench_event):
             event.then(idle, None, buttons, queue=False, **PRIVATE).then(
                 load_history, history_inputs, history_outputs, **PRIVATE)
@@ -671,6 +749,29 @@ def _timeline_box(empty: TraceView, elem_id: str) -> tuple[gr.HTML, gr.Radio]:
                           info="time: each bar spans its forward; forward: one slot per forward (a live run draws by time)")
         box = gr.HTML(where_time_goes(empty), label="timeline", js_on_load=TIMELINE_JS, elem_id=elem_id)
     return box, x_axis
+
+
+def _draft_start_boxes(cfg: RunConfig) -> tuple[gr.Number, gr.Slider]:
+    """Draft start's two controls, side by side: the number box the run reads (a typed value is sent
+    as typed and refused by name when out of range) and a slider over its range (0..max think - 1)
+    that moves the box. The slider's own number box is hidden (styles: ``#draft-slider``): it clamps
+    what is typed when it loses focus, silently."""
+    with gr.Row(elem_classes="draft-start-row"):
+        box = _as_sent(gr.Number(value=cfg.draft_start, precision=0, label="Draft start (reasoning tokens)",
+                                 elem_id="draft-start", info=_draft_start_info(cfg.max_think), scale=3, min_width=160))
+        slider = gr.Slider(0, max(1, cfg.max_think - 1), value=cfg.draft_start, step=1, label="Draft start slider",
+                           elem_id="draft-slider", scale=2, min_width=160, buttons=[], show_label=False)
+    # dragging sets the box (in the browser, no round trip); the box sets the slider, drawn at its end when out of range
+    slider.input(None, [slider], [box], js="(v) => Math.round(v)", **PRIVATE)
+    box.change(None, [box], [slider], js="(v) => v", **PRIVATE)
+    return box, slider
+
+
+def draft_range(think) -> dict:
+    """The draft-start slider's range for a Max think value: 0..max think - 1 (unchanged while Max
+    think is not a whole number of at least 2: the run names the bad value)."""
+    think = _whole(think)
+    return gr.update(maximum=think - 1) if think is not None and think >= 2 else gr.update()
 
 
 def _draft_start_info(max_think: int) -> str:

@@ -1,8 +1,10 @@
 """Pure builders: a run's events -> the HTML of the three panes and the metrics strip.
 
 :class:`TraceView` folds the event stream into per-stream token lists (a draft token's status
-changes as verification decides) and renders them. Every piece of model or user text goes
-through ``html.escape``: a prompt or an output holding ``<script>`` shows as text.
+changes as verification decides) and renders them. Every value written into HTML here, in
+``ssr_ui.timeline`` and in ``ssr_ui.export`` (text, ids, numbers; live, replayed, imported or
+exported) goes through :func:`esc`, the one escaping function: a prompt, an output or an imported
+field holding ``<script>`` shows as text.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from engine.events import (
     StepEvent,
     TokenEvent,
     TokenTally,
+    proposer,
 )
 from engine.methods.budget import budget_cut
 from engine.methods.rsd.roles import RSD_METHODS
@@ -28,20 +31,13 @@ from engine.registry import LOSSY, PLAIN
 CSS = (Path(__file__).resolve().parents[1] / "assets" / "studio.css").read_text()
 STATUS_LABEL = {"generated": "generated", "accepted": "accepted", "recovered": "suffix-recovered",
                 "rejected": "rejected"}
-LOOKUPS = ("prompt", "reasoning", "answer")  # a suffix match there is a lookup, not a draft's work
 
 
-def proposer(status: str, source: str | None) -> str | None:
-    """Who won a sped-up token, as the forwards' records name its proposer: "draft prefix",
-    "suffix in drafts", or "lookup in prompt" (reasoning, answer); None for a token the model chose
-    alone (or one proposed and not taken)."""
-    if status == "accepted" and source == "draft":
-        return "draft prefix"
-    if status in ("accepted", "recovered") and source in LOOKUPS:
-        return f"lookup in {source}"
-    if status == "recovered":
-        return "suffix in drafts"
-    return None
+def esc(value) -> str:
+    """The one escaping function: ``value`` (any value: text, an id, a number) as text safe inside
+    an element or a double-quoted attribute (every attribute these builders write is double-quoted,
+    so ``'`` stays as typed). ``esc('<img src=x>')`` is ``'&lt;img src=x&gt;'``; ``esc(3)`` is ``'3'``."""
+    return html.escape(str(value), quote=False).replace('"', "&quot;")
 
 
 @dataclass
@@ -80,7 +76,9 @@ class Tok:
         else:
             tip = f"id {self.token_id}"
         won = proposer(self.status, self.source)
-        tip += f" · {STATUS_LABEL[self.status] if won is None or won == 'draft prefix' else 'recovered'}"
+        counted = STATUS_LABEL[self.status] if won in (None, "draft prefix") else \
+            "lookup" if won.startswith("lookup") else "recovered"  # the strip's cell that counts it
+        tip += f" · {counted}"
         if self.source:
             where = f"draft {self.draft}" if self.source == "draft" and self.draft is not None else self.source
             tip += f" · from {where}" + (f" (match {self.match_len})" if self.match_len else "")
@@ -89,10 +87,10 @@ class Tok:
         tip += f" · {self.t:.2f}s"
         if not self.text:
             tip += " · no text of its own: part of a character that a later token completes"
-        f = "" if self.fwd is None else f' data-f="{self.fwd}"'
+        f = "" if self.fwd is None else f' data-f="{esc(self.fwd)}"'
         lookup = " src-lookup" if won is not None and won.startswith("lookup") else ""
-        return (f'<span class="tok st-{self.status}{lookup}"{f} title="{html.escape(tip)}">'
-                f'{html.escape(text)}{after}</span>')
+        return (f'<span class="tok st-{esc(self.status)}{lookup}"{f} title="{esc(tip)}">'
+                f'{esc(text)}{after}</span>')
 
 
 @dataclass
@@ -127,6 +125,9 @@ class TraceView:
     # a Compare's runs that could not run on its model, by mode name, with the reason (each its own strip cell);
     # a view of phase "skipped" is one of them: nothing ran, its panes say so
     skipped: dict[str, str] = field(default_factory=dict)
+    # the run's own settings the empty panes' messages depend on (None / False where not known: a replay, a note)
+    draft_start: int | None = None  # where SSR's first draft was to fork
+    thinking_off: bool = False  # the run's Thinking setting was off: the answer alone, no reasoning to draft from
     # per row, the forwards whose kept and forced tokens have not all come yet: [index, tokens still to come]
     _owed: dict[str, deque] = field(default_factory=dict, repr=False, compare=False)
     _pending: dict[str, list[Tok]] = field(default_factory=dict, repr=False, compare=False)  # no forward's yet
@@ -212,8 +213,8 @@ class TraceView:
         tip = (f"early exit after {at} reasoning tokens: {self.exit_words()}"
                + (f" on {_short(answer, 80)!r}" if answer else "")
                + "; the end of thinking was forced here and the answer verifies the newest agreeing draft")
-        return (f'<span class="exit-mark" title="{html.escape(tip)}">■ early exit: '
-                f'{html.escape(self.exit_words())}</span>')
+        return (f'<span class="exit-mark" title="{esc(tip)}">■ early exit: '
+                f'{esc(self.exit_words())}</span>')
 
     def _chosen_by(self, tok: Tok, key: str) -> None:
         """Name the forward that chose a new token: the oldest of its row's forwards still owed tokens,
@@ -287,12 +288,13 @@ class TraceView:
         if self.nothing_ran():
             return _pane([], self.nothing_ran())
         exit_at = self.exit.at_token if self.exit is not None and self.exit.at_token is not None else None
+        forks_at: dict[int, list[str]] = {}  # the marks drawn before each token, in order
+        for d, at, shown in forks:
+            forks_at.setdefault(shown, []).append(_fork_mark(d, at))
         for i, tok in enumerate(self.reasoning):
             if i == exit_at:  # after the exit_at-th token of the model's own reasoning: the forced marker follows
                 spans.append(self._exit_badge())
-            for d, at, shown in forks:
-                if shown == i:
-                    spans.append(f'<span class="fork" title="draft {d} forked after {at} reasoning tokens">▼ draft {d}</span>')
+            spans += forks_at.get(i, [])
             spans += self._step_badge("reasoning", i)
             begin = start
             start += len(tok.text)
@@ -315,34 +317,70 @@ class TraceView:
             if "reasoning" in self.cut_parts:  # the budget closed it, not the model: said on the badge itself
                 tip = (f"cut at Max think ({len(self.reasoning)} tokens): the model was still reasoning, so the end of "
                        f"thinking was forced here; {tip}")
-                badge = f'<span class="think-end cut" title="{html.escape(tip)}">cut at Max think</span>'
+                badge = f'<span class="think-end cut" title="{esc(tip)}">cut at Max think</span>'
             else:
                 if self.exit is not None:
                     tip = f"forced by the early exit: {self.exit_words()}; {tip}"
-                badge = f'<span class="think-end" title="{html.escape(tip)}">end of thinking</span>'
-            spans.append(tok.span(visible, badge + html.escape(tok.text[close[1] - begin:])))
+                badge = f'<span class="think-end" title="{esc(tip)}">end of thinking</span>'
+            spans.append(tok.span(visible, badge + esc(tok.text[close[1] - begin:])))
         if exit_at is not None and exit_at >= len(self.reasoning):
             spans.append(self._exit_badge())
         for d, at, shown in forks:
             if shown >= len(self.reasoning):
-                spans.append(f'<span class="fork" title="draft {d} forked after {at} reasoning tokens">▼ draft {d}</span>')
+                spans.append(_fork_mark(d, at))
         if self.thinking == "none":
             return _pane(spans, "No reasoning: this model has no think markers and no chat template (a base model), "
                                 "so its whole output is the answer.")
-        pane = _pane(spans, "The reasoning appears here.")
+        pane = _pane(spans, self._no_reasoning())
         if self.thinking == "prompted":
             return ('<div class="pane-note">prompted reasoning: this chat model has no end-of-thinking token, so '
-                    f'its template asks it to reason between &lt;think&gt; and {html.escape(self.think_end or "")}'
+                    f'its template asks it to reason between &lt;think&gt; and {esc(self.think_end or "")}'
                     '</div>' + pane)
         return pane
+
+    def _stopped_early(self) -> bool:
+        """Stopped (Stop, the time limit) before the run wrote a token."""
+        return self.phase == "stopped" and not (self.reasoning or self.answer)
+
+    def _no_reasoning(self) -> str:
+        """Why the Reasoning pane is empty: Thinking off, stopped before a token, or not yet."""
+        if self.thinking_off:
+            return "Thinking was off for this run (Run settings' Thinking): the answer alone, no reasoning."
+        if self._stopped_early():
+            return "Stopped before the first token."
+        return "The reasoning appears here."
+
+    def _no_draft(self) -> str:
+        """Why an SSR run's Draft pane is empty, from the run's typed facts: Thinking off, stopped
+        before a draft forked, the reasoning ended before the draft start (its tokens against
+        ``draft_start``), or drafting decided none (the reasoning passed the draft start, no draft
+        forked: RunStats.drafts, with the policy's own words); "not yet" while the run goes."""
+        if self.thinking_off:
+            return "No draft: Thinking was off for this run, so there was no reasoning to fork a draft from."
+        if self._stopped_early():
+            return "No draft: the run was stopped before its first token."
+        if self.phase == "stopped":
+            return "No draft: the run was stopped before a draft forked."
+        if not self.finished:
+            return "No draft yet: a draft forks at the draft-start token of the reasoning."
+        s, start = self.stats, self.draft_start
+        thought = s.reasoning_tokens if s is not None else len(self.reasoning)
+        if start is None:
+            return "No draft was forked in this run."
+        if thought < start:
+            return (f"No draft was written: the reasoning ended after {thought} tokens, before the draft start "
+                    f"({start}).")
+        why = f": {s.drafting}" if s is not None and s.drafting else ""
+        return (f"No draft was forked: the reasoning reached the draft start ({thought} tokens, draft start {start}) "
+                f"and drafting decided none{why}.")
 
     def _step_badge(self, stream: str, start: int) -> list[str]:
         step = self.step_starts.get((stream, start))
         if step is None:
             return []
         score = f" {step.reward:.2f}" if step.reward is not None else ""
-        return [(f'<span class="step step-{step.source}" title="step {step.index}: written by the {step.source}'
-                f'{", PRM score" + score if score else ""}">{step.source}{score}</span>')]
+        tip = f"step {step.index}: written by the {step.source}" + (", PRM score" + score if score else "")
+        return [f'<span class="step step-{esc(step.source)}" title="{esc(tip)}">{esc(step.source + score)}</span>']
 
     def draft_html(self, which: int | None = None) -> str:
         if self.nothing_ran():
@@ -351,23 +389,22 @@ class TraceView:
             rejected = [s for s in self.steps if s.accepted is False]
             if not rejected:
                 return _pane([], "No draft step was rejected." if self.finished else "No draft step rejected so far.")
-            return "".join(f'<div class="pane-note">step {s.index} · PRM score {s.reward:.2f}'
+            return "".join('<div class="pane-note">' + esc(f"step {s.index}"
+                           + (f" · PRM score {s.reward:.2f}" if s.reward is not None else "")
                            + (f" · the draft's least likely token {s.confidence:.2f}" if s.confidence is not None else "")
-                           + ' · rewritten by the target</div>' + _pane(_trimmed(self.drafts.get(s.index, [])), "")
+                           + " · rewritten by the target") + "</div>" + _pane(_trimmed(self.drafts.get(s.index, [])), "")
                            for s in rejected)
         if not self.drafts:
             if self.method == "ssr-lookups":
                 return _pane([], "SSR's lookups alone (the ablation) forks no draft: its speed-ups are lookups.")
             if self.method in PLAIN:
                 return _pane([], "Plain decoding writes no draft.")
-            if self.finished:
-                return _pane([], "No draft was written: the reasoning ended before the draft-start token.")
-            return _pane([], "No draft yet: a draft forks at the draft-start token of the reasoning.")
+            return _pane([], self._no_draft())
         which = max(self.drafts) if which is None or which not in self.drafts else which
         fork = self.draft_forks.get(which, 0)
         agreed = (f' · <span class="exit-agreed" title="one of the drafts whose answers agreed: the early exit">'
-                  f'■ agreed ({html.escape(self.exit_words())})</span>' if which in self.exit_drafts() else "")
-        head = f'<div class="pane-note">draft {which} · forked after {fork} reasoning tokens{agreed}</div>'
+                  f'■ agreed ({esc(self.exit_words())})</span>' if which in self.exit_drafts() else "")
+        head = f'<div class="pane-note">{esc(f"draft {which} · forked after {fork} reasoning tokens")}{agreed}</div>'
         empty = "The draft is starting."
         if self.finished and not any(t.text.strip() for t in self.drafts[which]):  # say why there is nothing to show
             left = max(len(self.reasoning) - fork, 0)
@@ -387,12 +424,12 @@ class TraceView:
             spans.append(span)
         if self.phase == "stopped":
             return _pane(spans, "Stopped before the answer.")
-        pane = _pane(spans, "The answer appears here." if self.thinking == "none" else
+        pane = _pane(spans, "The answer appears here." if self.thinking == "none" or self.thinking_off else
                      "The answer appears when the reasoning ends.")
         cut = self.cut_parts
         if "answer" in cut or "response" in cut:
             what = "Max answer" if "answer" in cut else "Max think + Max answer (RSD's budget)"
-            return pane + (f'<div class="pane-note cut">⚠ cut at {what}: the model had not finished, so this answer '
+            return pane + (f'<div class="pane-note cut">⚠ cut at {esc(what)}: the model had not finished, so this answer '
                            'may be incomplete</div>')
         if "reasoning" in cut:
             return pane + ('<div class="pane-note cut">⚠ written after a reasoning cut at Max think: the model had not '
@@ -437,7 +474,8 @@ class TraceView:
     def counts(self) -> dict[str, int]:
         """The strip's counters, from the events so far (``engine.events.TokenTally``)."""
         s = self.tally.stats
-        return {"accepted": s.accepted, "recovered": s.recovered, "generated": s.generated, "rejected": s.rejected,
+        return {"accepted": s.accepted, "recovered": s.recovered, "lookups": s.lookup_prompt + s.lookup_reasoning
+                + s.lookup_answer, "generated": s.generated, "rejected": s.rejected,
                 "steps_kept": self.tally.steps_kept, "steps_rewritten": self.tally.steps_rewritten}
 
 
@@ -465,8 +503,13 @@ def _trimmed(tokens: list[Tok]) -> list[str]:
     return spans
 
 
+def _fork_mark(draft: int, at: int) -> str:
+    """The Reasoning pane's mark where ``draft`` forked, after ``at`` reasoning tokens."""
+    return f'<span class="fork" title="{esc(f"draft {draft} forked after {at} reasoning tokens")}">▼ draft {esc(draft)}</span>'
+
+
 def _pane(spans: list[str], empty: str) -> str:
-    body = "".join(spans) if spans else f'<span class="empty">{html.escape(empty)}</span>'
+    body = "".join(spans) if spans else f'<span class="empty">{esc(empty)}</span>'
     return f'<div class="pane">{body}</div>'
 
 
@@ -492,7 +535,15 @@ TERMS = {
     "elapsed": "wall time of the run, compiling excluded",
     "first answer token": "time from the start of the run to its first answer token",
     "accepted": "answer tokens taken from a draft by prefix verification (share of the answer)",
-    "recovered": "answer tokens taken after a mismatch by suffix matching, or from a verified lookup",
+    "recovered": "answer tokens taken after a mismatch by a suffix match in a draft (amber; share of the answer)",
+    "lookups": "answer tokens taken from a match in the prompt, the reasoning or the answer itself (blue; share of "
+               "the answer; hover: which). Accepted, recovered, lookups and generated count each answer token once, "
+               "as its colour",
+    "acceptance": "per proposer, over its verifies (vLLM's spec-decode figures): the acceptance rate (accepted / "
+                  "proposed tokens) and the mean acceptance length (1 + accepted / verifies: the verifier's own token "
+                  "included); hover: the counts",
+    "repeating": "lookups won most of the answer: the model repeats what it read or wrote, so the speed-up is "
+                 "prompt-lookup's, not the drafts'",
     "generated": "answer tokens the model picked itself",
     "rejected": "draft tokens proposed and never taken (struck through in the Draft pane)",
     "drafts added": "SSR's latency over the same comparison's run of SSR with its lookups alone (no drafts): "
@@ -541,16 +592,16 @@ TERMS = {
     "verify": "where SSR's verifies ran: in the model's own steps, on a speculating server, or as client-side "
               "verify requests",
 }
-THINKING = {"prompted": "prompted (&lt;/think&gt; as text)", "none": "none (a base model: all answer)"}
+THINKING = {"prompted": "prompted (</think> as text)", "none": "none (a base model: all answer)"}
 
 
 def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> str:
     """The live metrics strip; ``compare`` (after a finished run) is
     ``ssr_ui.handlers.Studio.compare_to_baseline``'s: ``{"baselines": 0, ...}`` when no logged
     baseline matches the run's settings, else ``{"ratio", "identical", "baselines", "matched_on", ...}``."""
-    not_run = [(f"{name}: not run", html.escape(reason)) for name, reason in view.skipped.items() if name != method]
+    not_run = [(f"{name}: not run", reason) for name, reason in view.skipped.items() if name != method]
     if view.phase == "skipped":
-        return _strip([("method", html.escape(method)), ("not run", html.escape(view.skipped.get(method, ""))),
+        return _strip([("method", method), ("not run", view.skipped.get(method, "")),
                        *not_run], view.notice)
     c = view.counts()
     n_tokens = len(view.reasoning) + len(view.answer)
@@ -558,14 +609,19 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
     rate = n_tokens / elapsed if elapsed > 0 else 0.0
     answered = max(1, len(view.answer))
     items = [
-        ("method", html.escape(method)), ("phase", html.escape(view.phase)), ("elapsed", f"{elapsed:.2f} s"),
+        ("method", method), ("phase", view.phase), ("elapsed", f"{elapsed:.2f} s"),
         ("tokens/s", f"{rate:.1f}"), ("reasoning", str(len(view.reasoning))), ("answer", str(len(view.answer))),
         ("accepted", f"{c['accepted']} ({c['accepted'] / answered:.0%})"),
         ("recovered", f"{c['recovered']} ({c['recovered'] / answered:.0%})"),
         ("generated", str(c["generated"])), ("rejected", str(c["rejected"])),
     ]
+    if c["lookups"]:  # after "recovered": one cell per colour, each answer token in one of them
+        won = view.tally.stats.won()
+        items.insert(items.index(("generated", str(c["generated"]))),
+                     ("lookups", Tipped(f"{c['lookups']} ({c['lookups'] / answered:.0%})", " · ".join(
+                         f"{who} {n}" for who, n in won.items() if who.startswith("lookup") and n))))
     if view.method in LOSSY:  # its output may differ from baseline's by design: never called exact
-        items[0] = ("method", f"{html.escape(method)} (lossy)")
+        items[0] = ("method", f"{method} (lossy)")
     if view.exact:
         items.insert(2, ("numerics", ("exact forwards" if view.method in LOSSY else "exact")
                          + _route(view.stats.step_mode if view.stats else "")))
@@ -573,19 +629,19 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         shapes = f": {view.compiled_shapes[0]} of {view.compiled_shapes[1]} shapes" if view.compiled_shapes else ""
         items[1] = ("phase", f"compiling steps for this device{shapes} (once per model and shape)")
     if view.stats and view.stats.step_mode.startswith(("vllm ", "llama.cpp ")):  # where the forwards ran, in full
-        items.append(("backend", html.escape(view.stats.step_mode)))
+        items.append(("backend", view.stats.step_mode))
     elif view.stats and view.stats.step_mode:
         compiled = view.stats.step_mode == "compiled" or view.stats.step_mode.endswith(" compiled")
         steps = "compiled" + (f" (compiling took {view.stats.compile_s:.1f} s before the run)" if view.stats.compile_s
                               else "") if compiled else "eager"
-        items.append(("steps", f'<span title="{html.escape(view.stats.step_mode)}">{steps}</span>'))
+        items.append(("steps", Tipped(steps, view.stats.step_mode)))
     if view.stats and (view.stats.verify or "").startswith("one token"):  # the probe routed this model's verifies
-        items.append(("verify", f'<span title="{html.escape(view.stats.verify)}">one token per step</span>'))
+        items.append(("verify", Tipped("one token per step", view.stats.verify)))
     elif view.stats and (view.stats.verify or "").startswith(("on the server", "client-side")):
-        items.append(("verify", html.escape(view.stats.verify.split(":")[0])))
+        items.append(("verify", view.stats.verify.split(":")[0]))
     if view.stats and view.stats.server_speculation:
         s = view.stats
-        figures = (f"{html.escape(s.server_speculation)}: {s.server_accepted} of {s.server_proposed} proposed tokens "
+        figures = (f"{s.server_speculation}: {s.server_accepted} of {s.server_proposed} proposed tokens "
                    f"accepted in {s.server_steps} verify steps (colours reconstructed from its stream)")
         items.append(("server speculation", figures))
     if view.stats and view.stats.cache_mb:
@@ -597,11 +653,11 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         ratio = f" ({compare['flops_ratio']:.2f}x baseline)" if compare and compare.get("flops_ratio") else ""
         items.append(("FLOPs", si(view.stats.flops) + ratio))
     if view.rule:
-        items.append(("rule", html.escape(view.rule)))
+        items.append(("rule", view.rule))
     if view.method in LOSSY or (view.stats and view.stats.exit_rule):
         items += _exit_items(view, compare)
     if view.dtypes:
-        items.append(("precision", html.escape(view.dtypes)))
+        items.append(("precision", view.dtypes))
     if view.stats and view.stats.ttft_s is not None:
         items.insert(3, ("first answer token", f"{view.stats.ttft_s:.2f} s"))
     if view.stats and view.stats.rejected_lookup:
@@ -609,25 +665,32 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
     saved = view.saved_by()
     if saved:
         items.append(("forwards saved", " · ".join(f"{who} {n}" for who, n in saved.items())))
+    rates = view.stats.by_proposer() if view.stats else []
+    if rates:  # vLLM's spec-decode figures, per proposer: the rate and mean length in the cell, the counts on hover
+        items.append(("acceptance", Tipped(" · ".join(
+            f"{p.proposer} {p.acceptance_rate:.0%}, {p.mean_acceptance_length:.1f}/verify" for p in rates),
+            "; ".join(p.words() for p in rates))))
+    if view.stats and view.stats.repetition():
+        items.append(("repeating", view.stats.repetition()))
     if view.stats and view.stats.drafts and view.phase in ("done", "ok", "imported"):
         n = view.stats.draft_saved
         items.append(("drafts' own", f"{n} forward{'s' if n != 1 else ''} no lookup would have saved"))
     if view.stats and view.stats.drafting:
-        items.append(("drafting", html.escape(view.stats.drafting)))
+        items.append(("drafting", view.stats.drafting))
     if view.stats and view.stats.drafts and view.stats.forks:
-        items.append(("forks", html.escape(view.stats.forks)))
+        items.append(("forks", view.stats.forks))
     if view.stats and view.stats.lookups:
-        items.append(("reasoning lookups", html.escape(view.stats.lookups)))
+        items.append(("reasoning lookups", view.stats.lookups))
     if compare is not None and not compare.get("baselines"):
         left = _left_out(compare.get("pool") or {})
         items.append(("vs baseline", "no baseline run with these settings yet: run Baseline with them" if not left
                       else f"no steady baseline run with these settings: {left}"))
     elif compare:
         items.append(("vs baseline", (f"{compare['ratio']:.2f}x latency{_pooled(compare)}: "
-                                      f"{html.escape(compare['matched_on'])}")))
+                                      f"{compare['matched_on']}")))
         if compare.get("agreement") is not None:
             a = compare["agreement"]
-            items.append(("same as baseline", "✔ identical" if a.identical else f"✘ {html.escape(str(a))}"))
+            items.append(("same as baseline", "✔ identical" if a.identical else f"✘ {a}"))
         elif compare.get("identical") is not None:
             items.append(("same answer", "✔" if compare["identical"] else "✘ differs"))
     elif view.phase in ("stopped", "error") and view.method not in ("", "baseline"):
@@ -637,18 +700,28 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         items.append(("drafts added", (f"{compare['vs_lookups']:.2f}x the latency of SSR's lookups alone (this "
                                        "comparison's own run: under 1, the drafts paid for themselves)")))
     if view.cut:
-        items.insert(2, ("cut by budget", html.escape(view.cut_words())))
+        items.insert(2, ("cut by budget", view.cut_words()))
     if view.thinking in THINKING:  # next to the method: how this model's reasoning is told apart
         items.insert(1, ("thinking", THINKING[view.thinking]))
     return _strip(items + not_run, view.notice)
 
 
-def _strip(items: list[tuple[str, str]], notice: str | None = None) -> str:
-    """The strip's cells (key, value HTML; a key in ``TERMS`` explains itself on hover) and a notice."""
+@dataclass(frozen=True)
+class Tipped:
+    """A strip value with a tooltip of its own (the value's details)."""
+
+    text: str
+    tip: str
+
+
+def _strip(items: list[tuple[str, str | Tipped]], notice: str | None = None) -> str:
+    """The strip's cells and a notice. Each cell is (key, value): plain text, or :class:`Tipped`
+    text, both escaped here (a key in ``TERMS`` explains itself on hover)."""
     cells = "".join('<div class="metric"><div class="k"'
-                    + (f' title="{html.escape(TERMS[k])}"' if k in TERMS else "") + f'>{k}</div><div class="v">{v}</div></div>'
-                    for k, v in items)
-    note = f'<div class="metrics-notice">⚠ {html.escape(notice)}</div>' if notice else ""
+                    + (f' title="{esc(TERMS[k])}"' if k in TERMS else "") + f'>{esc(k)}</div><div class="v">'
+                    + (f'<span title="{esc(v.tip)}">{esc(v.text)}</span>' if isinstance(v, Tipped) else esc(v))
+                    + "</div></div>" for k, v in items)
+    note = f'<div class="metrics-notice">⚠ {esc(notice)}</div>' if notice else ""
     return f'<div class="strip"><div class="metrics">{cells}</div>{note}</div>'
 
 
@@ -657,17 +730,16 @@ def _exit_items(view: TraceView, compare: dict | None) -> list[tuple[str, str]]:
     agreed on what, and the reasoning tokens it saved against its baseline (never a number made up:
     without a baseline, the budget it left, and how to see the saving)."""
     s = view.stats
-    items = [("exit rule", html.escape(s.exit_rule))] if s and s.exit_rule else []
+    items = [("exit rule", s.exit_rule)] if s and s.exit_rule else []
     at = view.exit.at_token if view.exit is not None else s.exit_at if s is not None else None
     if at is not None:
         items.append(("early exit", f"exited at reasoning token {at}"))
         answer = s.exit_answer if s is not None else ""
         score = getattr(s, "exit_score", None) if s is not None else None
-        items.append(("agreed", html.escape(view.exit_words()
-                                            + (f" on “{_short(answer, 40)}”" if answer else "")
-                                            + (f" (mean token probability {score:.2f})" if score is not None else ""))))
+        items.append(("agreed", view.exit_words() + (f" on “{_short(answer, 40)}”" if answer else "")
+                      + (f" (mean token probability {score:.2f})" if score is not None else "")))
     elif s is not None and view.phase in ("done", "ok", "imported"):
-        why = html.escape(s.exit_why) if s.exit_why else (  # runs logged before the reason was kept
+        why = s.exit_why if s.exit_why else (  # runs logged before the reason was kept
             f"the rule never held in {s.drafts} draft{'s' if s.drafts != 1 else ''} before the reasoning ended")
         items.append(("early exit", f"no exit: {why} — ran as SSR"))
     elif s is None and view.phase not in ("stopped", "error"):
@@ -738,16 +810,16 @@ def si(x: float) -> str:
 
 
 def prompt_html(prompt: str) -> str:
-    return f'<div class="prompt-box"><b>Prompt</b> {html.escape(prompt)}</div>' if prompt else ""
+    return f'<div class="prompt-box"><b>Prompt</b> {esc(prompt)}</div>' if prompt else ""
 
 
 def html_note(message: str) -> str:
     """A status line for the metrics strip (loading, waiting)."""
-    return f'<div class="metrics status">{html.escape(message)}</div>'
+    return f'<div class="metrics status">{esc(message)}</div>'
 
 
 def error_html(message: str) -> str:
-    return f'<div class="metrics error">⚠ {html.escape(message)}</div>'
+    return f'<div class="metrics error">⚠ {esc(message)}</div>'
 
 
 def _route(step_mode: str) -> str:

@@ -30,8 +30,11 @@ class ModelShelf:
     its :class:`~engine.wiring.Server`'s fields. Empty names mean the defaults given here."""
 
     def __init__(self, default_model: str, default_prm: str, device: str | None, load_timeout: float,
-                 servers: dict | None = None, max_cache_gb: float | None = None) -> None:
+                 servers: dict | None = None, max_cache_gb: float | None = None,
+                 random_weights: dict[str, str | None] | None = None) -> None:
         self.default_model, self.default_prm = default_model, default_prm
+        # presets built with random weights (app --random-weights), by name: their tokenizer folder (--tokenizer) or None
+        self.random_weights = dict(random_weights or {})
         # an operator's bound on one run's KV cache (app --max-cache-gb), checked before a run: a Space's guard
         self.max_cache_bytes = None if max_cache_gb is None else int(max_cache_gb * 2**30)
         self.device, self.load_timeout = device, load_timeout
@@ -127,7 +130,8 @@ class ModelShelf:
             if runtime == LLAMA:
                 lm = load_role(name, progress=progress, runtime=runtime)
             else:
-                lm = load_role(name, self.device, self.servers.get(name), progress=progress)
+                lm = load_role(name, self.device, self.servers.get(name), progress=progress,
+                               random_weights=name in self.random_weights, tokenizer=self.random_weights.get(name))
             if not isinstance(lm, RemoteModel):  # no warm-up here: each kind of run is warmed before its first (warm)
                 self.load_messages[key] = f"loaded; {capabilities(lm).provenance}"
                 lm.max_cache_bytes = self.max_cache_bytes

@@ -19,11 +19,13 @@ show the same pictures, with no script needed to read them.
 
 from __future__ import annotations
 
-import html
+import bisect
+import itertools
 from dataclasses import dataclass
 
 from engine.events import ForwardEvent, RowWork
 from engine.forwards import acceptance, mean_accepted, time_split
+from ssr_ui.render import esc
 from ssr_ui.waiting import ordinal
 
 MAX_BARS = 240  # per lane: more forwards than this are drawn in groups
@@ -98,9 +100,9 @@ def _color(f: ForwardEvent, r: RowWork) -> str:
     return PHASE_COLORS.get(f.phase, "#6b7280")
 
 
-def _bars(forwards: list[ForwardEvent], lane: str) -> list[_Bar]:
-    """The lane's bars: one per forward, or one per group of neighbours past :data:`MAX_BARS`."""
-    mine = [(f, r) for f in forwards for r in f.rows if r.row == lane]
+def _bars(mine: list[tuple[ForwardEvent, RowWork]], lane: str) -> list[_Bar]:
+    """The bars of ``lane`` (``mine``: its rows, with their forwards): one per forward, or one per
+    group of neighbours past :data:`MAX_BARS`."""
     bars = [_Bar(f.index, f.index, f.start, f.end, f.wall_s, r.fed, r.kept, f.phase, _tip(f, r), _color(f, r))
             for f, r in mine]
     if len(bars) <= MAX_BARS:
@@ -122,7 +124,7 @@ def timeline_html(view, x: str = "time") -> str:
     """The run's timeline (see the module doc); ``x``: "time" or "forward"."""
     forwards = list(view.forwards)  # a copy: a live run's thread appends to it
     if not forwards:
-        return f'<div class="timeline empty">{html.escape(_why_empty(view.phase))}</div>'
+        return f'<div class="timeline empty">{esc(_why_empty(view.phase))}</div>'
     span = max(f.end for f in forwards) if x == "time" else len(forwards)
     span = span or 1.0
 
@@ -132,10 +134,17 @@ def timeline_html(view, x: str = "time") -> str:
     names = lanes(forwards)
     widest = max((r.fed for f in forwards for r in f.rows), default=1) or 1
     marks = _marks(view, forwards, x, span)
+    rows_of: dict[str, list[tuple[ForwardEvent, RowWork]]] = {}  # each lane's rows, gathered once
+    for f in forwards:
+        for r in f.rows:
+            rows_of.setdefault(r.row, []).append((f, r))
+    marks_on: dict[str | None, list[int]] = {}  # the marks of each lane (None: of every lane), by their order
+    for i, mark in enumerate(marks):
+        marks_on.setdefault(mark[3], []).append(i)
     rows, grouped = [], False
     for lane in names:
         shapes = []
-        bars = _bars(forwards, lane)
+        bars = _bars(rows_of.get(lane, []), lane)
         grouped = grouped or any(b.hi != b.lo for b in bars)
         for b in bars:
             x0 = at(b.start, b.lo)
@@ -143,27 +152,26 @@ def timeline_html(view, x: str = "time") -> str:
             w = max(x1 - x0, 0.8)
             h = 6 + (LANE_H - 8) * min(1.0, (b.fed / widest) ** 0.5)  # height: tokens fed (square root: 1 and 64 both show)
             k = h * min(1.0, b.kept / b.fed) if b.fed else 0.0
-            g = f' data-g="{b.hi}"' if b.hi != b.lo else ""
-            shapes.append(f'<g class="tl-bar" data-f="{b.lo}"{g}><title>{html.escape(b.tip)}</title>'
+            g = f' data-g="{esc(b.hi)}"' if b.hi != b.lo else ""
+            shapes.append(f'<g class="tl-bar" data-f="{esc(b.lo)}"{g}><title>{esc(b.tip)}</title>'
                           f'<rect x="{x0:.2f}" y="{LANE_H - h:.2f}" width="{w:.2f}" height="{h:.2f}" '
-                          f'fill="{b.color}" fill-opacity="0.35"/>'
+                          f'fill="{esc(b.color)}" fill-opacity="0.35"/>'
                           f'<rect x="{x0:.2f}" y="{LANE_H - k:.2f}" width="{w:.2f}" height="{k:.2f}" '
-                          f'fill="{b.color}"/></g>')
-        for mx, label, color, on in marks:
-            if on is None or on == lane:
-                shapes.append(f'<line x1="{mx:.2f}" x2="{mx:.2f}" y1="0" y2="{LANE_H}" stroke="{color}" '
-                              f'stroke-width="1.5" vector-effect="non-scaling-stroke" stroke-dasharray="3 2">'
-                              f'<title>{html.escape(label)}</title></line>')
-        rows.append(f'<div class="tl-label">{html.escape(lane)}</div><div class="tl-lane">'
+                          f'fill="{esc(b.color)}"/></g>')
+        for mx, label, color, _ in (marks[i] for i in sorted(marks_on.get(None, []) + marks_on.get(lane, []))):
+            shapes.append(f'<line x1="{mx:.2f}" x2="{mx:.2f}" y1="0" y2="{LANE_H}" stroke="{esc(color)}" '
+                          f'stroke-width="1.5" vector-effect="non-scaling-stroke" stroke-dasharray="3 2">'
+                          f'<title>{esc(label)}</title></line>')
+        rows.append(f'<div class="tl-label">{esc(lane)}</div><div class="tl-lane">'
                     f'<svg viewBox="0 0 {WIDTH} {LANE_H}" preserveAspectRatio="none" role="img" '
-                    f'aria-label="{html.escape(lane)} lane">{"".join(shapes)}</svg></div>')
-    ticks = "".join(f'<span style="left:{100 * v / span:.2f}%">{_tick(v, x)}</span>' for v in _ticks(span))
+                    f'aria-label="{esc(lane)} lane">{"".join(shapes)}</svg></div>')
+    ticks = "".join(f'<span style="left:{100 * v / span:.2f}%">{esc(_tick(v, x))}</span>' for v in _ticks(span))
     unit = "seconds since the run started" if x == "time" else "forward index"
-    legend = " ".join(f'<span class="tl-key" style="background:{c}"></span>{name}' for name, c in
+    legend = " ".join(f'<span class="tl-key" style="background:{esc(c)}"></span>{esc(name)}' for name, c in
                       (("prefill", PHASE_COLORS["prefill"]), ("reasoning", PHASE_COLORS["reasoning"]),
                        ("draft", DRAFT_COLOR), ("answer", PHASE_COLORS["answer"])))
     if "prm" in names:
-        legend += " " + " ".join(f'<span class="tl-key" style="background:{c}"></span>PRM: step {name}'
+        legend += " " + " ".join(f'<span class="tl-key" style="background:{esc(c)}"></span>PRM: step {esc(name)}'
                                  for name, c in VERDICT_COLORS.items())
     note = (f"{len(forwards)} forwards{' (neighbours grouped past ' + str(MAX_BARS) + ' per lane)' if grouped else ''}"
             " · bar height: tokens fed, dark part: tokens kept · dashed: forks"
@@ -174,14 +182,16 @@ def timeline_html(view, x: str = "time") -> str:
         mx = next(m for m, label, color, _ in marks if color == EXIT_COLOR)
         side = "right" if mx > 0.6 * WIDTH else "left"  # a label near the right end ends at its line
         flags = (f'<div></div><div class="tl-flags"><span class="{side}" style="left:{100 * mx / WIDTH:.2f}%" title="'
-                 f'{html.escape(view.exit_words())}">■ early exit · token {view.exit.at_token}</span></div>')
-    return (f'<div class="timeline"><div class="tl-note">{legend} · {html.escape(note)}</div>'
+                 f'{esc(view.exit_words())}">{esc(f"■ early exit · token {view.exit.at_token}")}</span></div>')
+    return (f'<div class="timeline"><div class="tl-note">{legend} · {esc(note)}</div>'
             f'<div class="tl-grid">{flags}{"".join(rows)}<div></div><div class="tl-axis">{ticks}</div>'
-            f'<div></div><div class="tl-unit">{unit}</div></div></div>')
+            f'<div></div><div class="tl-unit">{esc(unit)}</div></div></div>')
 
 
 def _why_empty(phase: str) -> str:
-    if phase in ("done", "stopped", "imported"):
+    if phase in ("stopped", "cancelled"):
+        return "no forwards recorded: the run was stopped before its first forward"
+    if phase in ("done", "imported"):
         return "no forwards recorded: a run logged before the timeline existed"
     if phase in ("waiting", "compiling", "prefill", "reasoning", "answer"):
         return "the timeline fills as the run's forwards come"
@@ -192,10 +202,15 @@ def _marks(view, forwards: list[ForwardEvent], x: str, span: float) -> list[tupl
     """(x, label, colour, lane or None for every lane): each draft's fork, the end of thinking
     (``span``: what the lanes' width stands for, seconds or forwards)."""
 
+    # by forward index, a moment is drawn at the first forward (in the list's order) that starts at or after it:
+    # the first whose running maximum of starts reaches it, found by bisection (a run of thousands of drafts)
+    reached = list(itertools.accumulate((f.start for f in forwards), max))
+
     def pos(t: float) -> float:
         if x == "time":
             return WIDTH * t / span
-        return WIDTH * next((f.index for f in forwards if f.start >= t), len(forwards)) / span
+        i = bisect.bisect_left(reached, t)
+        return WIDTH * (forwards[i].index if i < len(forwards) else len(forwards)) / span
 
     out = []
     for d, t in sorted(dict(view.fork_times).items()):  # (a copy: a live run's thread adds to it)
@@ -237,9 +252,9 @@ def stats_html(view) -> str:
     wall = view.stats.wall_s if view.stats is not None and view.stats.wall_s else max(f.end for f in forwards)
     split = time_split(forwards, wall)
     total = sum(split.values()) or 1.0
-    bar = "".join(f'<span class="tl-split" style="width:{100 * v / total:.2f}%;background:{SPLIT_COLORS[k]}" '
-                  f'title="{k}: {v:.3f} s ({100 * v / total:.0f}%)"></span>' for k, v in split.items() if v > 0)
-    keys = " ".join(f'<span class="tl-key" style="background:{SPLIT_COLORS[k]}"></span>{k} {v:.2f} s '
+    bar = "".join(f'<span class="tl-split" style="width:{100 * v / total:.2f}%;background:{esc(SPLIT_COLORS[k])}" '
+                  f'title="{esc(k)}: {v:.3f} s ({100 * v / total:.0f}%)"></span>' for k, v in split.items() if v > 0)
+    keys = " ".join(f'<span class="tl-key" style="background:{esc(SPLIT_COLORS[k])}"></span>{esc(k)} {v:.2f} s '
                     f'({100 * v / total:.0f}%)' for k, v in split.items() if v > 0)
     head = (f'<div class="tl-stats"><div class="tl-head">Where the time went ({wall:.2f} s, {len(forwards)} forwards)'
             f'</div><div class="tl-splitbar">{bar}</div><div class="tl-note">{keys} · drafting: what the forwards '
@@ -263,7 +278,7 @@ def _proposer_card(who: str, a: dict[str, list[int]]) -> str:
                       "#2563eb", max(a["hist"]) or 1)
     pos = _mini_bars(rates, [f"position {i + 1}: {t} of {r} accepted ({100 * t / r:.0f}%)" if r else ""
                              for i, (t, r) in enumerate(zip(a["taken"], a["reached"], strict=True))], "#16a34a", 1.0)
-    return (f'<div class="tl-card"><b>{html.escape(who)}</b>: {n} verif{"y" if n == 1 else "ies"}, mean accepted '
+    return (f'<div class="tl-card"><b>{esc(who)}</b>: {n} verif{"y" if n == 1 else "ies"}, mean accepted '
             f'{mean:.2f} of {sum(a["reached"]) / n:.2f} proposed'
             f'<div class="tl-mini"><span>accepted length per verify (0 to {len(a["hist"]) - 1})</span>{hist}</div>'
             f'<div class="tl-mini"><span>acceptance by position in the proposal (1st to {ordinal(len(rates))})</span>'
@@ -273,6 +288,6 @@ def _proposer_card(who: str, a: dict[str, list[int]]) -> str:
 def _mini_bars(values: list[float], tips: list[str], color: str, top: float) -> str:
     w = 100 / max(len(values), 8)  # a short histogram keeps narrow bars (one verify is not a wall of colour)
     rects = "".join(f'<rect x="{i * w + 0.1 * w:.2f}" y="{40 * (1 - v / top):.2f}" width="{0.8 * w:.2f}" '
-                    f'height="{40 * v / top:.2f}" fill="{color}"><title>{html.escape(tip)}</title></rect>'
+                    f'height="{40 * v / top:.2f}" fill="{esc(color)}"><title>{esc(tip)}</title></rect>'
                     for i, (v, tip) in enumerate(zip(values, tips, strict=True)))
     return f'<svg viewBox="0 0 100 40" preserveAspectRatio="none">{rects}</svg>'

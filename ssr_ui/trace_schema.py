@@ -69,8 +69,8 @@ def parse_trace(doc) -> tuple[dict, list[Event]]:
     for key, value in row.items():
         if key == "config":
             why = None if value is None else _settings(value)
-        elif key in ROW_FIELDS:
-            why = _check(_hints(ROW_FIELDS[key])[key], True)(value)
+        elif key in ROW_FIELDS:  # null: a column the run was logged without (a schema older than the field)
+            why = None if value is None else _check(_hints(ROW_FIELDS[key])[key], True)(value)
         else:  # a column no dataclass types (id, status, created_at, ...): one value
             why = _check(type(value), True)(value) if isinstance(value, SCALARS) else \
                 f"must be a single value, got {_name(value)}"

@@ -100,6 +100,31 @@ def test_old_schema_is_migrated(tmp_path):
     assert query(path, "select value from meta where key = 'schema_version'") == [(str(SCHEMA_VERSION),)]
 
 
+def test_a_log_of_schema_17_opens_and_its_rows_show_what_they_have(tmp_path):
+    """Schema 18 counts lookups apart from ``recovered``: a row logged before keeps its ``recovered``
+    (lookups included), its lookup columns null, and History's chart and a replay read it as it is."""
+    import sqlite_utils
+
+    from engine.events import DoneEvent
+    from ssr_ui.charts import token_composition
+
+    path = tmp_path / "runs.db"
+    log = RunLog(path)
+    log.save(RunMeta("ssr", "m", "p"), [DoneEvent(RunStats(method="ssr", answer_tokens=45, recovered=40,
+                                                           generated=5), "", "")], "ok")
+    db = sqlite_utils.Database(path)  # back to today's file: no lookup columns, schema 17
+    db["runs"].transform(drop={"lookup_prompt", "lookup_reasoning", "lookup_answer"})
+    db["meta"].upsert({"key": "schema_version", "value": "17"}, pk="key")
+    db.conn.close()
+    old = RunLog(path).runs()[0]
+    assert query(path, "select value from meta where key = 'schema_version'") == [(str(SCHEMA_VERSION),)] == [("18",)]
+    assert old["recovered"] == 40 and old["lookup_reasoning"] is None
+    assert {t.name: t.y[0] for t in token_composition([old]).data} == {"accepted": 0, "recovered": 40, "lookups": 0,
+                                                                       "generated": 5}
+    stats = RunStats(**{k: old[k] for k in RunStats.field_names() if old.get(k) is not None})
+    assert stats.won()["suffix in drafts"] == 40 and stats.repetition() == ""
+
+
 def test_bad_inputs_have_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         RunLog(tmp_path / "missing" / "runs.db")

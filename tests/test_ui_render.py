@@ -106,7 +106,7 @@ def test_chart_builders(studio):
     list(studio.run("hello", "Compare", "tiny", "tiny-draft", "tiny-prm", **SMALL))
     rows = studio.history()
     assert len(charts.latency_by_method(rows).data) == 5  # the five methods of a Compare
-    assert [t.name for t in charts.token_composition(rows).data] == ["accepted", "recovered", "generated"]
+    assert [t.name for t in charts.token_composition(rows).data] == ["accepted", "recovered", "lookups", "generated"]
     assert len(charts.speedup_vs_draft_start(rows).data[0].x) == 1
     rsd = charts.rsd_by_threshold(rows)
     # one RSD run at the default threshold beside a baseline of the same prompt, no reference answers:

@@ -41,7 +41,7 @@ class Recorder:
         self._detok: dict[tuple[str, int | None], IncrementalDetokenizer] = {}
         self.streams: dict[tuple[str, int | None], list[int]] = {}
         self._pieces: dict[tuple[str, int | None], list[str]] = {}  # each stream's decoded pieces, as ``streams``
-        self._taken: dict[int, set[int]] = {}  # draft positions taken: never marked rejected after
+        self._taken: dict[int, set[int]] = {}  # draft positions taken: never given another verdict
         self.forwards: list[ForwardEvent] = []
         if device is not None and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -106,9 +106,11 @@ class Recorder:
 
     def draft_status(self, draft: int, position: int, status: str, source: str | None = None,
                      match_len: int | None = None) -> TokenEvent | None:
-        """A verdict on an existing draft token; None when it would downgrade a taken token."""
+        """A verdict on an existing draft token; None when the token was taken already. A taken token keeps
+        the verdict of the answer token that first took it (a later suffix match reading the same draft token
+        for another answer token would recolour a green prefix token amber: one draft token, two credits)."""
         taken = self._taken.setdefault(draft, set())
-        if status == "rejected" and position in taken:
+        if position in taken:
             return None
         if status != "rejected":
             taken.add(position)

@@ -9,7 +9,7 @@ import sqlite_utils
 
 from engine.events import RunStats
 
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 18
 
 
 def _migrate_1(db: sqlite_utils.Database) -> None:
@@ -126,10 +126,17 @@ def _migrate_17(db: sqlite_utils.Database) -> None:
     _add_columns(db["runs"], _stats_columns())
 
 
+def _migrate_18(db: sqlite_utils.Database) -> None:
+    """Version 18: one count per answer token, by the proposer that won it: ``recovered`` is a suffix in a draft
+    alone and the lookups get ``lookup_prompt`` / ``lookup_reasoning`` / ``lookup_answer``. Rows logged before
+    keep their ``recovered`` (lookups included) and null lookup columns; their replays recount from the events."""
+    _add_columns(db["runs"], _stats_columns())
+
+
 MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6, 7: _migrate_7,
               8: _migrate_8, 9: _migrate_9, 10: _migrate_10, 11: _migrate_11,
               12: _migrate_12, 13: _migrate_13, 14: _migrate_14,
-              15: _migrate_15, 16: _migrate_16, 17: _migrate_17}
+              15: _migrate_15, 16: _migrate_16, 17: _migrate_17, 18: _migrate_18}
 
 
 def _stats_columns() -> dict:

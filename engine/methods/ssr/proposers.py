@@ -21,6 +21,7 @@ from typing import Protocol
 
 import torch
 
+from engine.events import proposer
 from engine.methods.ssr.suffix_index import SuffixIndex
 
 
@@ -53,11 +54,12 @@ class Proposal:
 
     @property
     def label(self) -> str:
-        """Who proposed, as the forward records and the acceptance statistics name it: "draft prefix",
-        "suffix in drafts" or "lookup in prompt" (reasoning, answer)."""
-        if self.status == "accepted":
-            return "draft prefix"
-        return "suffix in drafts" if self.source == "draft" else f"lookup in {self.source}"
+        """Who proposed, as the forward records, the acceptance statistics and the answer's counts name it
+        (``engine.events.proposer``, the one naming): "draft prefix", "suffix in drafts" or "lookup in prompt"
+        (reasoning, answer)."""
+        who = proposer(self.status, self.source)
+        assert who is not None, f"a proposal names its proposer: {self.status} from {self.source}"
+        return who
 
 
 class Proposer(Protocol):
