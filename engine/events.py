@@ -30,6 +30,7 @@ The forwards add up: every token of every stream is one forward's ``kept`` or ``
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 
 PHASES = ("prefill", "reasoning", "drafting", "exit", "answer", "done")
@@ -203,9 +204,7 @@ class RunStats:
     def by_proposer(self) -> list[ProposerAcceptance]:
         """Per proposer, its verifies' acceptance over the run (from ``acceptance``: every row's verifies,
         a draft row's own lookups and the reasoning's included), most accepted tokens first."""
-        from engine.forwards import parse  # engine.forwards reads this module: imported here, not at the top
-
-        mine = [ProposerAcceptance.of(who, a) for who, a in parse(self.acceptance).items()]
+        mine = [ProposerAcceptance.of(who, a) for who, a in parse_acceptance(self.acceptance).items()]
         return sorted(mine, key=lambda p: (-p.num_accepted_tokens, p.proposer))
 
     def to_dict(self) -> dict:
@@ -214,6 +213,16 @@ class RunStats:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
+
+
+def parse_acceptance(text: str | None) -> dict[str, dict[str, list[int]]]:
+    """``RunStats.acceptance`` back, per proposer (empty for runs logged before it, or without
+    verifies; ``engine.forwards.acceptance`` writes it)."""
+    try:
+        doc = json.loads(text) if text else {}
+    except json.JSONDecodeError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 @dataclass(frozen=True)

@@ -52,15 +52,6 @@ def merge(parts: Iterable[dict[str, dict[str, list[int]]]]) -> dict[str, dict[st
     return out
 
 
-def parse(text: str | None) -> dict[str, dict[str, list[int]]]:
-    """``RunStats.acceptance`` back (empty for runs logged before it, or without verifies)."""
-    try:
-        doc = json.loads(text) if text else {}
-    except json.JSONDecodeError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
 def mean_accepted(a: dict[str, list[int]]) -> float | None:
     """Mean accepted length per verify, from a proposer's histogram."""
     n = sum(a["hist"])

@@ -15,8 +15,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from engine.benchmarks.summary import iqr, wilson
-from engine.events import LOOKUPS
-from engine.forwards import merge, parse
+from engine.events import LOOKUPS, parse_acceptance
+from engine.forwards import merge
 from engine.runlog.compare import match_key, matching_baselines, pool, run_time
 
 METHOD_COLORS = {"baseline": "#6b7280", "ssr": "#2563eb", "rsd": "#9333ea", "target": "#b45309",
@@ -316,7 +316,7 @@ def acceptance_by_method(rows: list[dict]) -> go.Figure:
                              error_y=dict(type="data", symmetric=False, array=[high - mid], arrayminus=[mid - low]),
                              hovertext=f"{name}: median {mid:.2f} over {len(runs)} runs (IQR {low:.2f}-{high:.2f})",
                              hoverinfo="text"), row=1, col=1)
-        pooled = merge(parse(r.get("acceptance")) for r in runs)
+        pooled = merge(parse_acceptance(r.get("acceptance")) for r in runs)
         for who, a in sorted(pooled.items()):
             rates = [t / n for t, n in zip(a["taken"], a["reached"], strict=True) if n]
             fig.add_trace(go.Scatter(x=list(range(1, len(rates) + 1)), y=rates, mode="lines+markers",

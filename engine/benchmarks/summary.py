@@ -16,7 +16,8 @@ import math
 import statistics
 from pathlib import Path
 
-from engine.forwards import mean_accepted, merge, parse
+from engine.events import parse_acceptance
+from engine.forwards import mean_accepted, merge
 from engine.methods.rsd.loop import RSD_METHODS
 from engine.registry import SINGLE_MODEL
 from engine.runlog.compare import kind_key, per_forward, slow_runs
@@ -268,7 +269,7 @@ def where_time_went(runs: list[dict]) -> list[str]:
         inside = statistics.median(r["forward_s"] / r["wall_s"] for r in mine)
         drafting = statistics.median(r.get("drafting_s", 0.0) / r["wall_s"] for r in mine)
         line = f"{m}: {inside:.0%} of the time inside forwards (median), drafting {drafting:.0%}"
-        pooled = merge(parse(r.get("acceptance")) for r in mine)
+        pooled = merge(parse_acceptance(r.get("acceptance")) for r in mine)
         for who, a in sorted(pooled.items(), key=lambda kv: -sum(kv[1]["hist"])):
             n = sum(a["hist"])
             rates = ", ".join(f"{k + 1}: {a['taken'][k] / a['reached'][k]:.0%}" for k in (0, 1, 3)
