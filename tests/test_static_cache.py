@@ -25,7 +25,7 @@ from engine.runtime.compiled import BUCKETS, CompiledSteps, bucket, compile_reas
 from engine.runtime.static import SlotCache, SlotLayer
 from tests.families import family_model
 from tests.numeric import Gap, bug_id, expect, float64_copy, gap, gap_to_reference
-from tests.tiny import make_model
+from tests.tiny import counting_compiles, make_model
 
 KINDS = ["llama", "mistral-window", "gemma-4-e4b-it", "qwen3.5-4b", "nemotron-h"]  # full, sliding, KV-shared, recurrent
 
@@ -315,15 +315,7 @@ def test_compiled_decoding_is_token_for_token_the_same_and_never_compiles_mid_ru
     (issue 22, finding 6). The count caught SSR with 3 drafts making 4 compiles inside its run,
     for shapes the runs before it had compiled beside buffers of fewer rows (dynamo guards those
     too: now part of a shape's key)."""
-    compiles = []
-
-    def counting(gm, example_inputs):
-        compiles.append(1)
-        return gm.forward
-
-    monkeypatch.setattr("engine.runtime.compiled.shutil.which", lambda _: "/usr/bin/c++")
-    lm = make_model("qwen3", seed=2, style="open", init_scale=3.0)
-    lm._steps = CompiledSteps(lm.model, cuda_graphs=False, backend=counting)
+    lm, compiles = counting_compiles(monkeypatch)
     for settings in SETTINGS:
         cfg = RunConfig(max_think=24, max_answer=30, max_draft=14, drafting="always", **settings)
         for prompt in ("hello world", "class Garden: rose"):

@@ -157,3 +157,21 @@ def make_small_vocab_model(seed: int = 0, init_scale: float = 2.0) -> LoadedMode
             p.mul_(init_scale)
         model.lm_head.weight[1] = model.lm_head.weight[4]  # end of sequence as likely as "a"
     return LoadedModel(model, tok, f"tiny-vocab-{seed}", find_markers(tok))
+
+
+def counting_compiles(monkeypatch) -> tuple[LoadedModel, list]:
+    """A tiny qwen3 model whose compiled steps run on dynamo's eager backend (its tracing and
+    guards, without inductor's compile time), and the list each dynamo compile (first or re-)
+    appends to: what a test counts to show a run compiles nothing."""
+    from engine.runtime.compiled import CompiledSteps
+
+    compiles = []
+
+    def counting(gm, example_inputs):
+        compiles.append(1)
+        return gm.forward
+
+    monkeypatch.setattr("engine.runtime.compiled.shutil.which", lambda _: "/usr/bin/c++")
+    lm = make_model("qwen3", seed=2, style="open", init_scale=3.0)
+    lm._steps = CompiledSteps(lm.model, cuda_graphs=False, backend=counting)
+    return lm, compiles

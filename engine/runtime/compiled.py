@@ -5,8 +5,10 @@ Every step a decode loop takes is ``rows x width`` tokens over a :class:`SlotCac
 Widths are padded up to a bucket (1, 2, 4, 8, 16, 32, 64: the padding writes slots past the real
 tokens, which causality hides and the step then gives back), rows are the live rows; so a run
 meets a handful of shapes, each compiled once per model and shape and, on CUDA, replayed as a CUDA
-graph (``mode="reduce-overhead"``). Wider forwards (a prompt's prefill) run eagerly on the same
-cache, as ``generate()`` does.
+graph (``mode="reduce-overhead"``). The cache's capacity is not part of a compiled shape (it is a
+symbolic dimension: ``engine.runtime.static``), so a run whose budgets need a larger cache reuses
+the graphs; its first call at a new capacity (a CUDA graph capture) still runs before its clock.
+Wider forwards (a prompt's prefill) run eagerly on the same cache, as ``generate()`` does.
 
 ``--compile``: ``on`` compiles, ``off`` runs the eager static path, ``auto`` compiles on CUDA
 only. On the CPU a step compiled by inductor is faster (see docs/BENCHMARKS.md) but each shape
@@ -93,6 +95,7 @@ class CompiledSteps:
         # fresh inputs with standard strides, made in inference mode: guards tell apart strides (an
         # expanded row of positions) and inference tensors from normal ones, and either would recompile
         ids, positions = (torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x) for x in (ids, positions))
+        torch._dynamo.mark_dynamic(mask, 1)  # the capacity, symbolic as the buffers' (engine.runtime.static)
         start = time.perf_counter()
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()

@@ -77,6 +77,9 @@ class SlotLayer(CacheLayerMixin):
                 torch._dynamo.mark_static_address(self.cursor.tensor)
             for buf in (self._k, self._v):
                 torch._dynamo.mark_static_address(buf)
+                # one compiled step serves every capacity: a run whose budgets need a larger cache meets no new
+                # graph (the capacity is read from the buffer's shape, :meth:`get_mask_sizes`)
+                torch._dynamo.mark_dynamic(buf, 2)
         self.is_initialized = True
 
     # ---------------------------------------------------------------- what attention sees
@@ -119,7 +122,9 @@ class SlotLayer(CacheLayerMixin):
         return self._k[: self.rows, :, :end], self._v[: self.rows, :, :end]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return (self.capacity, 0) if self.fixed else (self.length + query_length, 0)
+        if self.fixed:  # the buffer's size, not the int: a compiled step keeps it symbolic (one graph, any capacity)
+            return (self._k.shape[2] if self.is_initialized else self.capacity, 0)
+        return (self.length + query_length, 0)
 
     def get_seq_length(self) -> int:
         return self.length
