@@ -105,7 +105,7 @@ def _rows(db, where: str = "1") -> list[tuple]:
 # ----------------------------------------------------------------------------- 7. charts, on a fresh app
 
 @needs_browser
-def test_7_empty_charts_say_so(page):
+def test_empty_charts_say_so(page):
     page.get_by_role("tab", name="History").click()
     page.wait_for_selector(".js-plotly-plot", timeout=30_000)
     for sentence in ("No finished runs yet", "No RSD runs yet", "Needs an SSR run and a Baseline run"):
@@ -115,7 +115,7 @@ def test_7_empty_charts_say_so(page):
 # ----------------------------------------------------------------------------- 1. stop
 
 @needs_browser
-def test_1_stop_says_stopped_keeps_the_panes_and_logs_cancelled(page, app):
+def test_stop_says_stopped_keeps_the_panes_and_logs_cancelled(page, app):
     assert page.locator("#stop").is_disabled(), "Stop must be disabled while nothing runs"
     _start(page, CLASS, "Baseline")
     page.wait_for_selector(".pane .tok", state="attached", timeout=60_000)
@@ -129,7 +129,7 @@ def test_1_stop_says_stopped_keeps_the_panes_and_logs_cancelled(page, app):
 
 
 @needs_browser
-def test_1_stopping_a_sweep_keeps_the_finished_points(page, app):
+def test_stopping_a_sweep_keeps_the_finished_points(page, app):
     [(start_id,)] = query(app[1], "select coalesce(max(id), 0) from runs")
     page.get_by_label("Prompt").fill(CLASS)
     page.get_by_text("Draft-start sweep").click()
@@ -160,7 +160,7 @@ def test_1_stopping_a_sweep_keeps_the_finished_points(page, app):
 # ----------------------------------------------------------------------------- 2. the run log
 
 @needs_browser
-def test_2_a_run_log_that_cannot_be_written_leaves_the_run_on_screen(page, app):
+def test_a_run_log_that_cannot_be_written_leaves_the_run_on_screen(page, app):
     _url, db = app
     blocker = Path(f"{db}-wal")
     for _ in range(1200):  # the page's own History load may hold the journal open for a moment (longer on a loaded machine)
@@ -184,7 +184,7 @@ def test_2_a_run_log_that_cannot_be_written_leaves_the_run_on_screen(page, app):
 
 @pytest.mark.parametrize("case, why", [("missing-folder", "does not exist"), ("directory", "is a directory"),
                                        ("not-sqlite", "not an SQLite database")])
-def test_2_a_bad_db_flag_stops_the_app_at_start_with_the_reason(tmp_path, case, why):
+def test_a_bad_db_flag_stops_the_app_at_start_with_the_reason(tmp_path, case, why):
     db = {"missing-folder": tmp_path / "nope" / "runs.db", "directory": tmp_path, "not-sqlite": tmp_path / "notes.db"}[case]
     if case == "not-sqlite":
         db.write_text("my notes\n" * 100)
@@ -196,7 +196,7 @@ def test_2_a_bad_db_flag_stops_the_app_at_start_with_the_reason(tmp_path, case, 
 # ----------------------------------------------------------------------------- 3. examples
 
 @needs_browser
-def test_3_examples_are_grouped_and_rsd_outside_the_drafts_task_says_why(page):
+def test_examples_are_grouped_and_rsd_outside_the_drafts_task_says_why(page):
     for label in ("SSR on the bundled model", "RSD on the bundled models", "Need a real model"):
         page.get_by_text(label).first.wait_for(timeout=30_000)  # the examples render after #method
     _start(page, CLASS, "Compare")
@@ -209,7 +209,7 @@ def test_3_examples_are_grouped_and_rsd_outside_the_drafts_task_says_why(page):
 # ----------------------------------------------------------------------------- 4. limits
 
 @needs_browser
-def test_4_a_prompt_beyond_the_context_is_refused_before_running(page, app):
+def test_a_prompt_beyond_the_context_is_refused_before_running(page, app):
     huge = "Tell me everything. " * 1500  # 30,000 characters
     _start(page, huge, "SSR")
     page.get_by_text("context of 2048 positions").wait_for(timeout=20_000)
@@ -223,7 +223,7 @@ def test_4_a_prompt_beyond_the_context_is_refused_before_running(page, app):
     ("max_think", "abc", "Max think (max_think) must be a whole number in 1..1000000; got 'abc'"),
     ("max_answer", 2.5, "Max answer (max_answer) must be a whole number in 1..1000000; got 2.5"),
 ])
-def test_4_every_numeric_api_parameter_is_validated(app, field, value, message):
+def test_every_numeric_api_parameter_is_validated(app, field, value, message):
 
     import html
 
@@ -233,7 +233,7 @@ def test_4_every_numeric_api_parameter_is_validated(app, field, value, message):
 # ----------------------------------------------------------------------------- 5. draft start
 
 @needs_browser
-def test_5_the_draft_start_box_follows_the_models_max_think(page, app):
+def test_the_draft_start_box_follows_the_models_max_think(page, app):
     """The box states the model's reasoning budget and follows max think (a typed value is sent as
     typed and checked by the run, never clamped: see the refusals below)."""
     box = page.locator("#draft-start")
@@ -247,7 +247,7 @@ def test_5_the_draft_start_box_follows_the_models_max_think(page, app):
 @pytest.mark.parametrize("value, message", [
     (5000, "Draft start (draft_start) must be a whole number in 0..599 (below Max think 600); got 5000"),
     (-3, "Draft start (draft_start) must be a whole number in 0..599 (below Max think 600); got -3")])
-def test_5_out_of_range_draft_starts_are_refused(app, value, message):
+def test_out_of_range_draft_starts_are_refused(app, value, message):
     import html
 
     from gradio_client import Client
@@ -256,7 +256,7 @@ def test_5_out_of_range_draft_starts_are_refused(app, value, message):
     assert message in html.unescape(metrics)
 
 
-def test_5_vs_baseline_is_the_median_of_the_logged_baselines(app):
+def test_vs_baseline_is_the_median_of_the_logged_baselines(app):
     from gradio_client import Client
 
     client = Client(app[0], verbose=False)
@@ -270,7 +270,7 @@ def test_5_vs_baseline_is_the_median_of_the_logged_baselines(app):
 # ----------------------------------------------------------------------------- 6. history
 
 @needs_browser
-def test_6_history_refreshes_itself_and_replays_a_run_in_full(page, app):
+def test_history_refreshes_itself_and_replays_a_run_in_full(page, app):
     _run_to_end(page, ARITH, "SSR")
     page.get_by_role("tab", name="History").click()
     table = page.locator(".history-table")
@@ -291,7 +291,7 @@ def test_6_history_refreshes_itself_and_replays_a_run_in_full(page, app):
 # ----------------------------------------------------------------------------- issue 34: settings, History at 760 px
 
 @needs_browser
-def test_34_settings_keep_what_was_typed_and_say_what_moved(page):
+def test_settings_keep_what_was_typed_and_say_what_moved(page):
     """Finding 3: changing Max think reset Draft start to the model's 20. Now it stays, unless it
     falls out of range, and then a notice says what it became."""
     page.get_by_text("SSR settings").click()
@@ -340,7 +340,7 @@ CHART_PROBLEMS = """() => {
 
 
 @needs_browser
-def test_34_history_charts_are_stacked_and_readable_at_760_px(page, app):
+def test_history_charts_are_stacked_and_readable_at_760_px(page, app):
     """Finding 6: at 760 px History drew its charts two abreast at ~280 px, titles clipped, the RSD
     legend over its axis title, the right axis' 0.00 on the x axis' last tick."""
     from gradio_client import Client
@@ -362,7 +362,7 @@ def test_34_history_charts_are_stacked_and_readable_at_760_px(page, app):
 
 
 @needs_browser
-def test_34_history_leaves_out_runs_flagged_slow_and_says_how_many(page, app):
+def test_history_leaves_out_runs_flagged_slow_and_says_how_many(page, app):
     """Finding 2: a first run in a fresh page took 5x the others and sat in History's charts and
     medians with nothing to say so; now it is flagged, left out by default, and can be shown."""
     import sqlite3
@@ -388,7 +388,7 @@ def test_34_history_leaves_out_runs_flagged_slow_and_says_how_many(page, app):
 
 # ----------------------------------------------------------------------------- 8. install
 
-def test_8_app_and_test_requirements_are_separate_and_the_readme_says_which_torch():
+def test_app_and_test_requirements_are_separate_and_the_readme_says_which_torch():
     app_reqs = (ROOT / "requirements.txt").read_text()
     dev_reqs = (ROOT / "requirements-dev.txt").read_text()
     assert not any(tool in app_reqs for tool in ("pytest", "playwright", "hypothesis"))
@@ -401,7 +401,7 @@ def test_8_app_and_test_requirements_are_separate_and_the_readme_says_which_torc
 # ----------------------------------------------------------------------------- 9. cosmetics
 
 @needs_browser
-def test_9_cosmetics(page, app):
+def test_cosmetics(page, app):
     assert page.locator("#stop").is_disabled()
     _run_to_end(page, CLASS, "Baseline")
     assert "Plain decoding writes no draft" in page.locator(".pane").nth(1).inner_text()
@@ -411,7 +411,7 @@ def test_9_cosmetics(page, app):
     assert page.locator(".metrics").first.bounding_box()["height"] < 60, "the metrics strip wraps at 1400 px"
 
 
-def test_9_api_outputs_are_named_and_internal_endpoints_hidden(app):
+def test_api_outputs_are_named_and_internal_endpoints_hidden(app):
     from gradio_client import Client
 
     api = Client(app[0], verbose=False).view_api(return_format="dict", print_info=False)
@@ -421,7 +421,7 @@ def test_9_api_outputs_are_named_and_internal_endpoints_hidden(app):
     assert returns[:4] == ["reasoning", "draft", "answer", "metrics"]
 
 
-def test_9_the_rsd_export_lists_each_rejected_step_once(app, tmp_path):
+def test_the_rsd_export_lists_each_rejected_step_once(app, tmp_path):
     from gradio_client import Client
 
     client = Client(app[0], verbose=False)
@@ -510,7 +510,7 @@ def test_benchmark_tab_uploads_runs_shows_progress_tables_and_charts_and_stops(p
 # ----------------------------------------------------------------------------- issue 22, finding 11: layout
 
 @needs_browser
-def test_11_an_rsd_example_sets_rsd_and_the_strip_holds_its_rule_at_two_widths(page):
+def test_an_rsd_example_sets_rsd_and_the_strip_holds_its_rule_at_two_widths(page):
     page.get_by_text(make_example("arithmetic", EVAL_SEED_BASE).prompt[:30]).first.click()
     page.wait_for_function("document.querySelector('#method input[value=RSD]')?.checked", timeout=10_000)
     page.get_by_role("button", name="Run", exact=True).click()
@@ -552,7 +552,7 @@ def _shoot_timeline(page, name: str, box: str = "timeline") -> None:
 
 @needs_browser
 @pytest.mark.parametrize("width", [1400, 760])
-def test_31_the_timeline_shows_every_method_live_and_replayed(app, browser, width):
+def test_the_timeline_shows_every_method_live_and_replayed(app, browser, width):
     """SSR (its drafts' lanes, forks, the end of thinking), baseline, RSD (draft, PRM, target), a
     Compare switching between its runs, and a replay from History; a click on a bar highlights the
     tokens its forward chose."""
@@ -634,7 +634,7 @@ def rambling_model(tmp_path_factory):
 
 
 @needs_browser
-def test_31_a_run_of_thousands_of_tokens_keeps_the_page_responsive(page, rambling_model):
+def test_a_run_of_thousands_of_tokens_keeps_the_page_responsive(page, rambling_model):
     """SSR with three drafts, 1,500 reasoning and 600 answer tokens, one token per reasoning step
     (2,000+ tokens, 1,500+ forwards):
     the timeline streams (drawn while the run goes) and the page's main thread never freezes."""
@@ -698,7 +698,7 @@ def _type(page, label: str, value: str) -> None:
 
 @needs_browser
 @pytest.mark.parametrize("width", [1400, 760])
-def test_32_early_exit_marks_where_the_drafts_agreed_and_says_it_is_lossy(app, browser, width):
+def test_early_exit_marks_where_the_drafts_agreed_and_says_it_is_lossy(app, browser, width):
     """Picking SSR early exit with one draft gives it the model's probes and says so; a run that
     exits shows the exit in the Reasoning pane, the Draft pane and the timeline, and a strip that
     calls it lossy with its rule; a Compare gives the reasoning tokens it saved against its baseline;

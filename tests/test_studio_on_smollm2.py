@@ -1,5 +1,5 @@
-"""Issue 43, the studio on real models, third pass, driven as a user would (headless Chromium and
-gradio_client against the app): a Compare on SmolLM2 at default settings through ``/run`` runs
+"""The studio on a real model, driven as a user would (headless Chromium and gradio_client against
+the app): a Compare on SmolLM2 at default settings through ``/run`` runs
 what it can; every strip cell stays inside the strip at 760 and 1400 px, for every method, live
 and replayed; an early exit that never exited says why; History filters by model. Screenshots
 land in ``test-artifacts/``."""
