@@ -177,7 +177,7 @@ def test_a_second_turn_is_the_templates_conversation(family):
 
 
 def test_a_two_turn_conversation_runs_through_the_run_api(tmp_path, monkeypatch):
-    """The second turn through ``/run``'s ``history`` (its last parameter): the model is asked the
+    """The second turn through ``/run``'s ``history`` (after every earlier parameter): the model is asked the
     template's rendering of the conversation, the run log keeps every turn; a bad history is refused
     naming the message."""
     import json
@@ -201,9 +201,11 @@ def test_a_two_turn_conversation_runs_through_the_run_api(tmp_path, monkeypatch)
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
         params = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/run"]["parameters"]
         names = [p["parameter_name"] for p in params]
-        assert names[:3] == ["prompt", "method", "model"] and names[-2:] == ["history", "thinking"], \
-            "older callers are unaffected"
-        assert [p["parameter_default"] for p in params[-2:]] == ["", True]
+        # the parameters added since (history, thinking, then reproducible and compare_repeats) come after
+        # every earlier one, so a caller passing the earlier ones by position is unaffected
+        assert names[:3] == ["prompt", "method", "model"] and \
+            names[-4:] == ["history", "thinking", "reproducible", "compare_repeats"], "older callers are unaffected"
+        assert [p["parameter_default"] for p in params[-4:]] == ["", True, False, 1]
         settings = dict(max_think=10, max_answer=8, max_draft=6, draft_start=2)
         client.predict(prompt=Q, method="Baseline", api_name="/run", **settings)
         reasoning, answer = query(db, "select reasoning_text, answer_text from runs order by id desc limit 1")[0]
