@@ -1,9 +1,9 @@
-"""Issue 55: the page (right after Run, the strip and the panes are in view at 1400 and 760 px wide;
+"""The page (right after Run, the strip and the panes are in view at 1400 and 760 px wide;
 draft start is a slider over its range beside the box the run reads; a model load shows its stage
 with a bar; the Runtime box is checked again on every page load; a missing model path changes no
 setting), a Compare that says when it cannot tell (same work, no verdict; repeats, their spread),
 and empty panes and timelines that name their true cause. Screenshots of each width go to
-``docs/img/run-in-view-<width>.png``.
+``test-artifacts/run-in-view-<width>.png`` (docs/img keeps a copy of each).
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def test_the_strip_and_the_panes_are_in_view_after_run(app, browser, width):
         page.evaluate(FIRST_FRAME)
         page.get_by_role("button", name="Run", exact=True).click()
         first = page.wait_for_function("window.__first", timeout=120_000).json_value()  # after the model's load
-        page.screenshot(path=str(ROOT / "docs" / "img" / f"run-in-view-{width}.png"))
+        (ROOT / "test-artifacts").mkdir(exist_ok=True)
+        page.screenshot(path=str(ROOT / "test-artifacts" / f"run-in-view-{width}.png"))
         assert _in_view(first["elapsed"], 1000), first
         assert _in_view(first["answer"], 1000), first
         page.wait_for_function("document.querySelector('#stop').disabled", timeout=180_000)
