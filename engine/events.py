@@ -39,6 +39,12 @@ STATUSES = ("generated", "accepted", "recovered", "rejected")
 LOOKUPS = ("prompt", "reasoning", "answer")  # a suffix match there is a lookup, not a draft's work
 
 
+def is_lookup(status: str, source: str | None) -> bool:
+    """Whether a token of ``status`` from ``source`` was won by a lookup (in the prompt, the reasoning
+    or the answer), not by a draft: the one rule :func:`proposer` and :func:`credit` apply."""
+    return status in ("accepted", "recovered") and source in LOOKUPS
+
+
 def proposer(status: str, source: str | None) -> str | None:
     """Who won a sped-up token, as the forwards' records name its proposer: "draft prefix",
     "suffix in drafts", or "lookup in prompt" (reasoning, answer); None for a token the model chose
@@ -48,7 +54,7 @@ def proposer(status: str, source: str | None) -> str | None:
     ('lookup in reasoning', 'suffix in drafts', 'draft prefix')"""
     if status == "accepted" and source == "draft":
         return "draft prefix"
-    if status in ("accepted", "recovered") and source in LOOKUPS:
+    if is_lookup(status, source):
         return f"lookup in {source}"
     if status == "recovered":
         return "suffix in drafts"
@@ -60,7 +66,7 @@ def credit(status: str, source: str | None) -> str:
     ``accepted`` (green: the draft prefix, or a server's speculation), ``recovered`` (amber: a suffix in a
     draft), ``lookup_prompt`` / ``lookup_reasoning`` / ``lookup_answer`` (blue: a lookup there) or
     ``generated``. ``credit("recovered", "reasoning")`` is ``"lookup_reasoning"``, never ``"recovered"``."""
-    if status in ("accepted", "recovered") and source in LOOKUPS:
+    if is_lookup(status, source):
         return f"lookup_{source}"
     return status
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.events import (
+    LOOKUPS,
     DoneEvent,
     ForwardEvent,
     PhaseEvent,
@@ -22,6 +23,7 @@ from engine.events import (
     StepEvent,
     TokenEvent,
     TokenTally,
+    is_lookup,
     proposer,
 )
 from engine.methods.budget import budget_cut
@@ -75,9 +77,9 @@ class Tok:
             tip = f"ids {ids} (this text came over {len(self.joins) + 1} tokens)"
         else:
             tip = f"id {self.token_id}"
-        won = proposer(self.status, self.source)
-        counted = STATUS_LABEL[self.status] if won in (None, "draft prefix") else \
-            "lookup" if won.startswith("lookup") else "recovered"  # the strip's cell that counts it
+        won, lookup = proposer(self.status, self.source), is_lookup(self.status, self.source)
+        # the strip's cell that counts it
+        counted = "lookup" if lookup else "recovered" if won == "suffix in drafts" else STATUS_LABEL[self.status]
         tip += f" · {counted}"
         if self.source:
             where = f"draft {self.draft}" if self.source == "draft" and self.draft is not None else self.source
@@ -88,8 +90,7 @@ class Tok:
         if not self.text:
             tip += " · no text of its own: part of a character that a later token completes"
         f = "" if self.fwd is None else f' data-f="{esc(self.fwd)}"'
-        lookup = " src-lookup" if won is not None and won.startswith("lookup") else ""
-        return (f'<span class="tok st-{esc(self.status)}{lookup}"{f} title="{esc(tip)}">'
+        return (f'<span class="tok st-{esc(self.status)}{" src-lookup" if lookup else ""}"{f} title="{esc(tip)}">'
                 f'{esc(text)}{after}</span>')
 
 
@@ -619,7 +620,7 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
         won = view.tally.stats.won()
         items.insert(items.index(("generated", str(c["generated"]))),
                      ("lookups", Tipped(f"{c['lookups']} ({c['lookups'] / answered:.0%})", " · ".join(
-                         f"{who} {n}" for who, n in won.items() if who.startswith("lookup") and n))))
+                         f"{who} {won[who]}" for who in (f"lookup in {src}" for src in LOOKUPS) if won[who]))))
     if view.method in LOSSY:  # its output may differ from baseline's by design: never called exact
         items[0] = ("method", f"{method} (lossy)")
     if view.exact:
