@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import html
 import json
 import logging
 import statistics
@@ -492,9 +491,9 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             if job.cancelled:
                 in_flight = " (the run in flight is logged as cancelled)" if view.phase == "stopped" else ""
                 yield ((f'<div class="metrics">sweep stopped after {len(points)} of {len(starts)} draft '
-                       f'starts{in_flight}. {html.escape(sweep_summary(points))}</div>'), charts.sweep_chart(points))
+                       f'starts{in_flight}. {esc(sweep_summary(points))}</div>'), charts.sweep_chart(points))
             elif points:
-                yield (f'<div class="metrics">sweep done: {html.escape(sweep_summary(points))}</div>',
+                yield (f'<div class="metrics">sweep done: {esc(sweep_summary(points))}</div>',
                        charts.sweep_chart(points))
         except (ValueError, ModelLoadError, SSRUnsupportedError, BackendError) as err:
             yield error_html(str(err)), None

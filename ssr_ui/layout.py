@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import html
 import importlib
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from ssr_ui.benchmark import MAX_ROWS as BENCH_MAX_ROWS
 from ssr_ui.frame import where_time_goes
 from ssr_ui.handlers import EXIT_MODE, MAX_REPEATS, MODES, Studio, compare_shows, continued
 from ssr_ui.jobs import Bounds, Refused, current_event_id, visitor_address
-from ssr_ui.render import LEGEND, TraceView, error_html, prompt_html
+from ssr_ui.render import LEGEND, TraceView, error_html, esc, prompt_html
 from ssr_ui.timeline import TIMELINE_JS, X_MODES
 
 try:  # on a ZeroGPU Space, each run borrows a GPU; elsewhere nothing changes
@@ -658,7 +657,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                     charts.speedup_vs_draft_start(rows), charts.rsd_by_threshold(rows), charts.accuracy_by_method(rows),
                     charts.acceptance_by_method(rows), charts.exit_by_k(rows),
                     gr.update(choices=["all", *names], value=picked), gr.update(choices=["all", *models], value=model_picked),
-                    f'<div class="metrics status">{html.escape(note)}</div>')
+                    f'<div class="metrics status">{esc(note)}</div>')
 
         history_outputs = [table, c_latency, c_tokens, c_speedup, c_rsd, c_accuracy, c_acceptance, c_exit, dataset_filter,
                            model_filter, history_note]
