@@ -83,14 +83,14 @@ def test_draft_start_is_a_slider_that_moves_the_box_and_follows_max_think(app, b
         slider = page.locator("#draft-slider input[type=range]")
         assert slider.get_attribute("max") == "599"  # the bundled model's max think is 600
         slider.fill("123")  # a range input's fill sets its value and fires input, as a drag does
-        page.wait_for_function("document.querySelector('#draft-start input').value === '123'", timeout=10_000)
+        page.wait_for_function("document.querySelector('#draft-start input').value === '123'", timeout=60_000)
         page.get_by_text("SSR settings").click()
         think = page.get_by_role("spinbutton", name="Max think", exact=True)
         think.fill("")
         think.press_sequentially("300", delay=100)
         think.press("Enter")
         page.wait_for_function("document.querySelector('#draft-slider input[type=range]').max === '299'",
-                               timeout=10_000)
+                               timeout=60_000)
         assert page.locator("#draft-start input").input_value() == "123"  # in range: unchanged
     finally:
         page.close()
