@@ -25,10 +25,11 @@ from engine.benchmarks.problems import BUNDLED_SETS, TASKS, Source, load_problem
 from engine.benchmarks.runner import Bench
 from engine.benchmarks.summary import summarize, table_cells, tokens_per_forward, verdict_lines
 from engine.config import number
-from engine.methods.exit.budget import METHOD as EXIT
+from engine.methods.exit.budget import NAME as EXIT
 from engine.methods.rsd.loop import check_pair
 from engine.presets import with_exit_probes
-from engine.registry import SSR_LOOP
+from engine.registry import methods as registered
+from engine.registry import on_ssr_loop, uses
 from engine.remote.client import BackendError
 from engine.runtime.model import ModelLoadError, SSRUnsupportedError
 from ssr_ui import charts
@@ -36,9 +37,9 @@ from ssr_ui.jobs import Job, claimed
 from ssr_ui.render import error_html
 from ssr_ui.waiting import Ticket
 
-# what the tab offers ("target": RSD's target alone; "ssr-exit": SSR early exit, lossy; "ssr-lookups": the ablation,
-# SSR's lookups alone: what the drafts add is SSR against it)
-BENCH_METHODS = ("baseline", "ssr", "ssr-lookups", EXIT, "rsd", "target")
+# what the tab offers: the registry's methods with a "benchmark" place ("target": RSD's target alone; "ssr-exit": SSR
+# early exit, lossy; "ssr-lookups": the ablation, SSR's lookups alone: what the drafts add is SSR against it)
+BENCH_METHODS = tuple(m.name for m in registered("benchmark"))
 MAX_ROWS = 200  # problems per benchmark in the studio (the bench CLI has no bound)
 MAX_REPEAT = 5
 RUN_COLUMNS = ["run id", "problem", "repeat", "method", "correct", "latency s", "answer tokens", "tok / forward", "answer"]
@@ -130,31 +131,12 @@ class BenchmarkRuns:
 
     def _benchmark(self, dataset, upload, methods, limit, repeat, sample_seed, question_field, answer_field, task,
                    model_name, draft_model, prm, job: Job, settings: dict) -> Iterator[BenchFrame]:
-        methods = [methods] if isinstance(methods, str) else list(methods or [])
-        unknown = [m for m in methods if m not in BENCH_METHODS]
-        if not methods or unknown:
-            raise ValueError(f"choose methods from {', '.join(BENCH_METHODS)}" + (f" (not {', '.join(unknown)})" if unknown else ""))
-        limit = number("problems", limit, whole=True)
-        if not 1 <= limit <= MAX_ROWS:
-            raise ValueError(f"problems must be in 1..{MAX_ROWS} here (the bench CLI runs any number)")
-        repeat = number("repeats", repeat, whole=True)
-        if not 1 <= repeat <= MAX_REPEAT:
-            raise ValueError(f"repeats must be in 1..{MAX_REPEAT}")
-        seed = None if str(sample_seed or "").strip() == "" else number("sample seed", sample_seed, whole=True)
-        if task not in ("auto", *TASKS):
-            raise ValueError(f"unknown task {task!r}; choose auto or one of {', '.join(TASKS)}")
-        spec, shown = (upload, Path(upload).name) if upload else ((dataset or "").strip(), None)
-        if not spec:
-            raise ValueError("upload a file or name a dataset first")
-        self.public.vet_source(spec, uploaded=bool(upload))  # a shared studio's visitor: the Hub or their upload
-        source = Source(spec, question_field.strip() or None, answer_field.strip() or None,
-                        None if task == "auto" else task, None, int(limit), seed, hub_only=self.public.on and not upload)
-        if not upload and spec not in BUNDLED_SETS and source.file:  # the server's files are not the user's
-            raise ValueError(f"{spec!r} looks like a file: upload it above (this box takes a dataset name or "
-                             f"{' / '.join(BUNDLED_SETS)})")
+        methods, repeat, source, shown = self._request(dataset, upload, methods, limit, repeat, sample_seed,
+                                                       question_field, answer_field, task)
+        spec, limit = source.spec, source.limit
         self.vet(model_name, draft_model, prm)  # a shared studio's list, before any setting is read
         cfg = self.config(model_name, **settings)  # every setting checked before anything is read or loaded
-        if set(SSR_LOOP) & set(methods):
+        if on_ssr_loop(methods):
             cfg.check_ssr()
         self.public.check_benchmark(int(limit), int(repeat), len(set(methods)))  # a shared studio's bound
         if not upload and source.file is None:  # a Hub dataset
@@ -168,13 +150,7 @@ class BenchmarkRuns:
         for status in self.loading(name, runtime=self.runtime):  # a first load (a GGUF file's conversion) says how it goes
             yield BenchFrame(progress_html(0, 1, f"loading {name}… {status}"))
         lm = self.model(model_name, self.runtime)
-        models = {"target": lm}
-        if {"rsd", "target"} & set(methods):
-            draft_model, prm = (draft_model or self.default_draft).strip(), (prm or self.default_prm).strip()
-            models.update(draft=self.model(draft_model), scorer=self.scorer(prm), prm_name=prm)
-            check_pair(lm, models["draft"])
-        if set(SSR_LOOP) & set(methods):
-            lm.require_markers()
+        models = self._bench_models(lm, methods, draft_model, prm)
         configs = {EXIT: with_exit_probes(cfg, name)} if EXIT in methods else {}  # drafts enough to agree
         bench = Bench(models, methods, cfg, configs, log=self.log, dataset=label, origin="app",
                       visitor=self.visitor(job.session))
@@ -232,6 +208,49 @@ class BenchmarkRuns:
         else:
             yield self._bench_frame(runs, total, f"done: {total} runs on {len(problems)} problems of {label}, "
                                                  "every run logged", cfg.greedy, settings_used, history)
+
+    def _request(self, dataset, upload, methods, limit, repeat, sample_seed, question_field, answer_field,
+                 task) -> tuple[list[str], int, Source, str | None]:
+        """The tab's fields checked (ValueError naming the first that is wrong): the methods, the repeats, the
+        problems' source and the name an upload is shown by."""
+        methods = [methods] if isinstance(methods, str) else list(methods or [])
+        unknown = [m for m in methods if m not in BENCH_METHODS]
+        if not methods or unknown:
+            raise ValueError(f"choose methods from {', '.join(BENCH_METHODS)}" + (f" (not {', '.join(unknown)})" if unknown else ""))
+        limit = number("problems", limit, whole=True)
+        if not 1 <= limit <= MAX_ROWS:
+            raise ValueError(f"problems must be in 1..{MAX_ROWS} here (the bench CLI runs any number)")
+        repeat = number("repeats", repeat, whole=True)
+        if not 1 <= repeat <= MAX_REPEAT:
+            raise ValueError(f"repeats must be in 1..{MAX_REPEAT}")
+        seed = None if str(sample_seed or "").strip() == "" else number("sample seed", sample_seed, whole=True)
+        if task not in ("auto", *TASKS):
+            raise ValueError(f"unknown task {task!r}; choose auto or one of {', '.join(TASKS)}")
+        spec, shown = (upload, Path(upload).name) if upload else ((dataset or "").strip(), None)
+        if not spec:
+            raise ValueError("upload a file or name a dataset first")
+        self.public.vet_source(spec, uploaded=bool(upload))  # a shared studio's visitor: the Hub or their upload
+        source = Source(spec, question_field.strip() or None, answer_field.strip() or None,
+                        None if task == "auto" else task, None, int(limit), seed, hub_only=self.public.on and not upload)
+        if not upload and spec not in BUNDLED_SETS and source.file:  # the server's files are not the user's
+            raise ValueError(f"{spec!r} looks like a file: upload it above (this box takes a dataset name or "
+                             f"{' / '.join(BUNDLED_SETS)})")
+        return methods, int(repeat), source, shown
+
+    def _bench_models(self, lm, methods: list[str], draft_model: str, prm: str) -> dict:
+        """The models the benchmark's ``methods`` use: the target ``lm`` (with think markers, for SSR's loop),
+        and the draft model and the PRM where a method uses them (``Method.uses``; the draft checked against the
+        target's tokenizer)."""
+        if on_ssr_loop(methods):
+            lm.require_markers()
+        models = {"target": lm}
+        if uses(methods, "draft"):
+            models["draft"] = self.model((draft_model or self.default_draft).strip())
+            check_pair(lm, models["draft"])
+        if uses(methods, "prm"):
+            prm = (prm or self.default_prm).strip()
+            models.update(scorer=self.scorer(prm), prm_name=prm)
+        return models
 
     def _turn(self, ticket: Ticket, job: Job, lm, name: str) -> Ticket:
         """Before a benchmark's run on a shared studio: when other jobs wait for the model, give it

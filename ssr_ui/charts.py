@@ -17,14 +17,12 @@ from plotly.subplots import make_subplots
 from engine.benchmarks.summary import iqr, wilson
 from engine.events import LOOKUPS, parse_acceptance
 from engine.forwards import merge
+from engine.registry import methods as registered
 from engine.runlog.compare import match_key, matching_baselines, pool, run_time
 
-METHOD_COLORS = {"baseline": "#6b7280", "ssr": "#2563eb", "rsd": "#9333ea", "target": "#b45309",
-                 "draft": "#0d9488", "hf": "#db2777", "hf-pld": "#65a30d", "hf-static": "#0891b2",
-                 "ssr-exit": "#dc2626", "ssr-lookups": "#7dd3fc"}  # (ssr-exit: the timeline's exit line and badge too)
-COLORS = {**METHOD_COLORS, **{k.capitalize(): v for k, v in METHOD_COLORS.items()}, "SSR": "#2563eb",
-          "RSD": "#9333ea", "SSR early exit": METHOD_COLORS["ssr-exit"],
-          "SSR lookups alone": METHOD_COLORS["ssr-lookups"], "accepted": "#16a34a", "recovered": "#d97706",
+METHOD_COLORS = {m.name: m.color for m in registered()}  # each method's own (Method.color), by name and by label
+COLORS = {**METHOD_COLORS, **{k.capitalize(): v for k, v in METHOD_COLORS.items()},
+          **{m.label: m.color for m in registered()}, "accepted": "#16a34a", "recovered": "#d97706",
           "lookups": "#0284c7", "generated": "#9ca3af"}
 # the legend goes at the figure's foot, under the x axis' title (never over it, the title or a second axis): placed
 # on the container, not the plot (a paper fraction below the plot ran into the acceptance chart's slanted tick labels),

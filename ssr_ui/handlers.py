@@ -27,12 +27,13 @@ from engine.benchmarks.agreement import agreement
 from engine.config import RunConfig, number
 from engine.llamacpp import lib as llama_lib
 from engine.llamacpp.model import RUNTIME as LLAMA
-from engine.methods.exit.budget import METHOD as EXIT
+from engine.methods.exit.budget import NAME as EXIT
 from engine.methods.rsd.loop import check_pair
 from engine.methods.seams import StepModel
 from engine.methods.ssr.policy import kept_apart
 from engine.presets import provenance, recommended_settings, with_exit_probes
-from engine.registry import LOSSY, SSR_LOOP, decoder, not_answer_only, not_on_a_server
+from engine.registry import decoder, is_lossy, method_of, not_answer_only, not_on_a_server
+from engine.registry import methods as registered
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel
 from engine.runlog import RunLog, RunLogError, RunMeta, prompt_hash
@@ -53,12 +54,15 @@ from ssr_ui.waiting import ModelLine, Ticket
 log = logging.getLogger(__name__)
 
 UPDATES_PER_S = 12  # at most; long traces update less often (see _interval)
-EXIT_MODE = "SSR early exit"  # lossy: SSR that stops reasoning once its drafts agree (engine.methods.exit)
-LOOKUPS_MODE = "SSR lookups alone"  # the ablation: SSR's loop without drafts (what the drafts add is SSR against it)
-METHOD_NAMES = {"Baseline": "baseline", LOOKUPS_MODE: "ssr-lookups", "SSR": "ssr", EXIT_MODE: EXIT, "RSD": "rsd"}
-MODES = ("Baseline", "SSR", EXIT_MODE, "RSD", "Compare")
-# a Compare's runs, each against its own baseline run (the ablation before SSR: SSR's strip says what its drafts added)
-COMPARE_RUNS = ("Baseline", LOOKUPS_MODE, "SSR", EXIT_MODE, "RSD")
+EXIT_MODE = method_of(EXIT).label  # lossy: SSR that stops reasoning once its drafts agree (engine.methods.exit)
+BASELINE = method_of("baseline").label  # every run's reference
+LOOKUPS_MODE = method_of("ssr-lookups").label  # the ablation: SSR's loop without drafts (what the drafts add)
+# the studio's methods by label, from the registry: each on the Run tab (its "run" place) and in a Compare ("compare")
+METHOD_NAMES = {m.label: m.name for m in registered() if {"run", "compare"} & set(m.studio)}
+MODES = (*(m.label for m in registered("run")), "Compare")
+# a Compare's runs, each against its own baseline run, in the registry's order (the ablation before SSR: SSR's strip
+# says what its drafts added)
+COMPARE_RUNS = tuple(m.label for m in registered("compare"))
 DEFAULT_DRAFT, DEFAULT_PRM = "tiny-reasoner-draft", "tiny-prm"
 COMPARE_SHOWS = "SSR"  # the run whose panes a finished comparison shows first
 LOAD_TIMEOUT_S = 600.0  # a model that takes longer to load is given up on (the UI says so)
@@ -67,6 +71,29 @@ RANGE_SETTERS = ("max_think", "num_drafts", "weighting")  # checked first: other
 TIMELINE_EVERY_S = 1.0  # while a run streams, the timeline is redrawn at most this often (its final frame always)
 REPEATS_FIELD, MAX_REPEATS = "Compare repeats (compare_repeats)", 5  # a Compare runs its set 1..5 times
 RSD_MOSTLY_REWRITTEN = 0.5  # above this share of rejected draft steps, RSD's panes say why it is slow
+
+
+@dataclasses.dataclass
+class _Plan:
+    """One request's runs, decided before any runs: its prompt, settings, the runs by label (a Compare's set, or
+    one), those skipped with the reason, the rounds, the model and the side models (draft, PRM) it uses."""
+
+    prompt: str
+    cfg: RunConfig
+    runs: list[str]
+    compare: bool
+    repeats: int
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    model_name: str = ""
+    lm: object = None
+    side: dict = dataclasses.field(default_factory=dict)  # the draft model and the PRM, for the runs that use them
+
+    def cannot(self, names: list[str], err: Exception) -> None:
+        """``names`` cannot run here: a Compare skips them with the reason; a run alone is refused."""
+        if not self.compare:
+            raise err
+        for name in names:
+            self.skipped.setdefault(name, str(err))
 
 
 def _interval(view: TraceView) -> float:
@@ -176,6 +203,26 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
 
     def _run(self, prompt, method, model_name, draft_model, prm, job: Job, settings: dict,
              history=None, repeats=1) -> Iterator[Frame]:
+        plan = yield from self._plan(prompt, method, model_name, draft_model, prm, settings, history, repeats)
+        ticket = yield from self.in_line(job, Frame.note, plan.lm, plan.model_name)
+        if not ticket.held:  # stopped while in line: it leaves the line, nothing ran, nothing is logged
+            yield Frame.of(TraceView(phase="stopped"), html_note("stopped while in line for the model: nothing ran"))
+            return
+        try:
+            finals = yield from self._run_set(plan, job)
+        finally:
+            self.line.release(ticket)
+        if not finals:  # stopped before anything ran: nothing logged
+            yield Frame.of(TraceView(phase="stopped"), metrics_html(TraceView(phase="stopped"), method))
+        elif not plan.compare:
+            yield finals[method]
+        else:
+            yield self._compared(plan, finals)
+
+    def _plan(self, prompt, method, model_name, draft_model, prm, settings: dict, history, repeats) -> Iterator[Frame]:
+        """A request checked and its models loaded (frames say how loading goes): the :class:`_Plan` of the runs
+        to make, where a Compare's runs that cannot run here are skipped with the reason (a run alone is
+        refused)."""
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("type a prompt first")
         if history and (turns := check_history(history)):
@@ -186,109 +233,101 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         runtime = runtime_of(settings.pop("runtime", "") or self.runtime)
         cfg = self.config(model_name, **settings)
         compare = method == "Compare"
-        repeats = compare_repeats(repeats) if compare else 1
-        runs = list(COMPARE_RUNS) if compare else [method]
-        skipped: dict[str, str] = {}  # a Compare's runs that cannot run here, with the reason (alone: refused)
-
-        def cannot(names, err: Exception) -> None:
-            if not compare:
-                raise err
-            for name in names:
-                skipped.setdefault(name, str(err))
-
-        ssr_family = [name for name in runs if METHOD_NAMES[name] in SSR_LOOP]
+        plan = _Plan(prompt, cfg, list(COMPARE_RUNS) if compare else [method], compare,
+                     compare_repeats(repeats) if compare else 1)
+        ssr_family = [name for name in plan.runs if method_of(METHOD_NAMES[name]).ssr_loop]
         try:
             if ssr_family:
                 cfg.check_ssr()
         except ValueError as err:
-            cannot(ssr_family, err)
-        model_name = (model_name or self.default_model).strip()
+            plan.cannot(ssr_family, err)
+        plan.model_name = (model_name or self.default_model).strip()
         on = f" on {runtime}" if runtime else ""
-        yield _loading(f"loading {model_name}{on}…")
-        for status in self.loading(model_name, runtime=runtime):  # a first load (a GGUF file's conversion) says how it goes
-            yield _loading(f"loading {model_name}{on}… {status}")
-        lm = self.model(model_name, runtime)
-        for name in runs if isinstance(lm, RemoteModel) else []:  # early exit, the ablation: in process only
+        yield _loading(f"loading {plan.model_name}{on}…")
+        for status in self.loading(plan.model_name, runtime=runtime):  # a first load (a GGUF file's conversion) says how
+            yield _loading(f"loading {plan.model_name}{on}… {status}")
+        plan.lm = lm = self.model(plan.model_name, runtime)
+        for name in plan.runs if isinstance(lm, RemoteModel) else []:  # early exit, the ablation: in process only
             if why := not_on_a_server(METHOD_NAMES[name]):
-                cannot([name], ValueError(why))
+                plan.cannot([name], ValueError(why))
         try:  # refused before anything runs, in the engine's words (a base model has no reasoning to fork from)
             if ssr_family:
                 lm.require_markers()
         except SSRUnsupportedError as err:
-            cannot(ssr_family, err)
-        for name in runs if not cfg.thinking else []:  # thinking off (Run settings' Thinking): refused before the run
+            plan.cannot(ssr_family, err)
+        for name in plan.runs if not cfg.thinking else []:  # thinking off (Run settings' Thinking): refused before the run
             if why := not_answer_only(METHOD_NAMES[name], lm):
-                cannot([name], ValueError(why))
-        rsd = {}
-        if "RSD" in runs:
+                plan.cannot([name], ValueError(why))
+        if drafted := [name for name in plan.runs if "draft" in method_of(METHOD_NAMES[name]).uses]:
+            judged = any("prm" in method_of(METHOD_NAMES[name]).uses for name in drafted)
             try:
-                rsd = yield from self._rsd_models(lm, draft_model, prm)
+                plan.side = yield from self._side_models(lm, draft_model, prm if judged else None)
             except (ValueError, ModelLoadError) as err:
-                cannot(["RSD"], ValueError(f"{err}. To run RSD here, set Draft model (RSD settings; draft_model in "
-                                           f"the API) to a model with {model_name}'s tokenizer, and Process reward "
-                                           "model to one that loads (or target-likelihood)"))
-        runs = [name for name in runs if name not in skipped]
-        ticket = yield from self.in_line(job, Frame.note, lm, model_name)
-        if not ticket.held:  # stopped while in line: it leaves the line, nothing ran, nothing is logged
-            yield Frame.of(TraceView(phase="stopped"), html_note("stopped while in line for the model: nothing ran"))
-            return
-        try:
-            deadline = time.perf_counter() + self.max_run_s
-            finals, trials = {}, Trials()
-            base_cfg = cfg
-            for name in [name for _ in range(repeats) for name in runs]:
-                if job.cancelled:
-                    break
-                cfg = with_exit_probes(base_cfg, model_name) if name == EXIT_MODE else base_cfg  # drafts enough to agree
-                if not self.is_warm(lm, METHOD_NAMES[name], cfg):
-                    yield Frame.note(f"warming up {name} on {model_name} (once per kind of run, untimed, not logged)…")
-                    self.warm(lm, METHOD_NAMES[name], cfg, rsd)
-                view = TraceView(method=METHOD_NAMES[name], think_end=_think_end(lm), thinking=_thinking(lm),
-                                 exact=cfg.exact,
-                                 # RSD's budget is the whole response: its cut is known from its final stats only
-                                 budgets=None if name == "RSD" else (cfg.max_think, cfg.max_answer),
-                                 rule=self.rsd_rule(model_name, cfg) if name == "RSD" else None,
-                                 dtypes=_dtypes(lm, rsd if name == "RSD" else {}), skipped=skipped,
-                                 draft_start=cfg.draft_start, thinking_off=not cfg.thinking)
-                yield from self._stream(lm, prompt, name, cfg, view, rsd, job, deadline,
-                                        last=name == runs[-1] and trials.round == repeats - 1)
-                # a Compare's runs are measured against its own baseline run (the pair its chart shows)
-                pair = finals["Baseline"].view.done if compare and "Baseline" in finals else None
-                alone = finals[LOOKUPS_MODE].view.done if name == "SSR" and LOOKUPS_MODE in finals else None
-                finals[name] = last = self._frame(view, name, lm, prompt, cfg, final=True, pair=pair, job=job,
-                                                  lookups=alone, trials=trials if compare else None)
-                trials.round += name == runs[-1]
-        finally:
-            self.line.release(ticket)
-        if not finals:  # stopped before anything ran: nothing logged
-            yield Frame.of(TraceView(phase="stopped"), metrics_html(TraceView(phase="stopped"), method))
-            return
-        if not compare:
-            yield last
-            return
+                plan.cannot(drafted, ValueError(
+                    f"{err}. To run {' and '.join(drafted)} here, set Draft model (RSD settings; draft_model in the "
+                    f"API) to a model with {plan.model_name}'s tokenizer"
+                    + (", and Process reward model to one that loads (or target-likelihood)" if judged else "")))
+        plan.runs = [name for name in plan.runs if name not in plan.skipped]
+        return plan
+
+    def _run_set(self, plan: _Plan, job: Job) -> Iterator[Frame]:
+        """Run ``plan``'s runs (``plan.repeats`` rounds of them), streaming each; returns each run's final frame
+        by name (the last round's), a Compare's measured against its round's own baseline run."""
+        deadline = time.perf_counter() + self.max_run_s
+        finals, trials, lm, runs = {}, Trials(), plan.lm, plan.runs
+        for name in [name for _ in range(plan.repeats) for name in runs]:
+            if job.cancelled:
+                break
+            cfg = with_exit_probes(plan.cfg, plan.model_name) if name == EXIT_MODE else plan.cfg  # drafts enough to agree
+            method = method_of(METHOD_NAMES[name])
+            if not self.is_warm(lm, method.name, cfg):
+                yield Frame.note(f"warming up {name} on {plan.model_name} (once per kind of run, untimed, not logged)…")
+                self.warm(lm, method.name, cfg, plan.side)
+            view = TraceView(method=method.name, think_end=_think_end(lm), thinking=_thinking(lm), exact=cfg.exact,
+                             # a step writer's budget is the whole response: its cut is known from its final stats
+                             budgets=None if method.steps else (cfg.max_think, cfg.max_answer),
+                             rule=self.rsd_rule(plan.model_name, cfg) if "prm" in method.uses else None,
+                             dtypes=_dtypes(lm, plan.side if method.uses else {}), skipped=plan.skipped,
+                             draft_start=cfg.draft_start, thinking_off=not cfg.thinking)
+            yield from self._stream(lm, plan.prompt, name, cfg, view, plan.side, job, deadline,
+                                    last=name == runs[-1] and trials.round == plan.repeats - 1)
+            # a Compare's runs are measured against its own baseline run (the pair its chart shows)
+            pair = finals[BASELINE].view.done if plan.compare and BASELINE in finals else None
+            alone = finals[LOOKUPS_MODE].view.done if name == "SSR" and LOOKUPS_MODE in finals else None
+            finals[name] = self._frame(view, name, lm, plan.prompt, cfg, final=True, pair=pair, job=job,
+                                       lookups=alone, trials=trials if plan.compare else None)
+            trials.round += name == runs[-1]
+        return finals
+
+    def _compared(self, plan: _Plan, finals: dict[str, Frame]) -> Frame:
+        """A finished Compare: the run it shows first, its latency chart (with what did not finish or run) and
+        every run in the run picker, those not run saying why."""
         latencies = {name: f.view.stats.wall_s if f.view.done is not None else None for name, f in finals.items()}
         done = sum(v is not None for v in latencies.values())
-        notes = [f"stopped: {done} of {len(runs)} finished"] if done < len(runs) else []
-        notes += [f"{repeats} rounds: the panes and the bars show the last"] if repeats > 1 else []
-        notes += [f"not run: {', '.join(skipped)}"] if skipped else []
-        for name in skipped:  # each in the run picker, its panes saying why it did not run
-            view = TraceView(method=METHOD_NAMES[name], phase="skipped", skipped=skipped)
+        notes = [f"stopped: {done} of {len(plan.runs)} finished"] if done < len(plan.runs) else []
+        notes += [f"{plan.repeats} rounds: the panes and the bars show the last"] if plan.repeats > 1 else []
+        notes += [f"not run: {', '.join(plan.skipped)}"] if plan.skipped else []
+        for name in plan.skipped:  # each in the run picker, its panes saying why it did not run
+            view = TraceView(method=METHOD_NAMES[name], phase="skipped", skipped=plan.skipped)
             finals[name] = Frame.of(view, metrics_html(view, name), timeline=True)
         finals = {name: finals[name] for name in COMPARE_RUNS if name in finals}  # in the comparison's order
         chart = charts.latency_bars(latencies, note="; ".join(notes)) if done else None
-        yield dataclasses.replace(finals[compare_shows(finals)], chart=chart, runs=finals if len(finals) > 1 else None)
+        return dataclasses.replace(finals[compare_shows(finals)], chart=chart, runs=finals if len(finals) > 1 else None)
 
-    def _rsd_models(self, lm, draft_model: str, prm: str) -> Iterator[Frame]:
-        """Load RSD's draft model and PRM (each named by its field when it will not load) and check
-        the draft against ``lm``; returns what the RSD decoder takes."""
-        draft_model, prm = (draft_model or self.default_draft).strip(), (prm or self.default_prm).strip()
-        yield _loading(f"loading the draft model {draft_model} and the PRM {prm}…")
+    def _side_models(self, lm, draft_model: str, prm: str | None) -> Iterator[Frame]:
+        """Load the draft model and, unless ``prm`` is None, the PRM (each named by its field when it will
+        not load) and check the draft against ``lm``; returns what the decoders take."""
+        draft_model = (draft_model or self.default_draft).strip()
+        prm = None if prm is None else (prm or self.default_prm).strip()
+        yield _loading(f"loading the draft model {draft_model}" + (f" and the PRM {prm}…" if prm else "…"))
         with _field("Draft model (draft_model)"):
             for status in self.loading(draft_model):
                 yield _loading(f"loading the draft model {draft_model}… {status}")
             draft_lm = self.model(draft_model)
-        with _field("Process reward model (prm)"):
-            scorer = self.scorer(prm)
+        scorer = None
+        if prm is not None:
+            with _field("Process reward model (prm)"):
+                scorer = self.scorer(prm)
         check_pair(lm, draft_lm)  # (models load once, by name: the pair is checked per run)
         return {"draft": draft_lm, "scorer": scorer, "draft_name": draft_model, "prm_name": prm}
 
@@ -301,13 +340,14 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         screen with a "not saved" notice."""
         job = job or Job(None, None)
         method = METHOD_NAMES[name]
-        if method in SSR_LOOP:
+        used = method_of(method).uses
+        if method_of(method).ssr_loop:
             lm.require_markers()
         rsd = rsd or {}
         meta = RunMeta(method, lm.model_id, prompt, cfg.to_dict(), device=_device(lm), dtype=getattr(lm, "dtype", None),
                        think_end=_think_end(lm), visitor=self.visitor(job.session),
-                       draft_model=rsd.get("draft_name") if method == "rsd" else None,
-                       prm=rsd.get("prm_name") if method == "rsd" else None)
+                       draft_model=rsd.get("draft_name") if "draft" in used else None,
+                       prm=rsd.get("prm_name") if "prm" in used else None)
         shown_at = drawn_at = 0.0
         run = decoder(method, lm, rsd.get("draft"), rsd.get("scorer"))(prompt, cfg)
         events = self.log.record(claimed(run, job, last), meta)
@@ -337,7 +377,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         s = view.stats
         if s and s.server_note:  # the server contradicted its declared speculation: said, never hidden
             view.notice = view.notice or s.server_note
-        if method == "rsd" and s and s.steps_rejected > RSD_MOSTLY_REWRITTEN * (s.steps_accepted + s.steps_rejected):
+        if "prm" in used and s and s.steps_rejected > RSD_MOSTLY_REWRITTEN * (s.steps_accepted + s.steps_rejected):
             view.notice = view.notice or (
                 f"the PRM rejected {s.steps_rejected} of {s.steps_accepted + s.steps_rejected} draft steps, so the "
                 f"target rewrote most of them: RSD pays off only where the draft model ({rsd.get('draft_name')}) is "
@@ -350,12 +390,12 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         forked drafts, with the same Compare's lookups-alone run (``lookups``, its final event): what
         the drafts added."""
         compare = None
-        if final and (name != "Baseline" or trials is not None):
+        if final and (name != BASELINE or trials is not None):
             try:
                 row = _live_row(view, METHOD_NAMES[name], lm, prompt, cfg, self.visitor(job.session if job else None))
                 if trials is not None and view.done is not None:
                     trials.slow[name] = self._slow(row, view.done.stats)
-                if name != "Baseline":
+                if name != BASELINE:
                     compare = self.compare_to_baseline(row, view.done, cfg, pair)
             except RunLogError as err:
                 view.notice = view.notice or f"history unavailable: {err}"
@@ -403,7 +443,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         out["identical"] = done.answer_text == base_answer if cfg.greedy else None
         if done.stats.flops and base_flops:
             out["flops_ratio"] = done.stats.flops / statistics.median(base_flops)
-        exited = run["method"] in LOSSY and done.stats.exit_at is not None  # it parts from baseline by design there
+        exited = is_lossy(run["method"]) and done.stats.exit_at is not None  # it parts from baseline by design there
         if cfg.greedy and not exited and getattr(done, "reasoning_ids", None) is not None:  # token by token
             out["agreement"] = agreement(lm if isinstance(lm, StepModel) else None, run["prompt"], base_ids(),
                                          done.reasoning_ids + done.answer_ids)
@@ -468,7 +508,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 self.warm(lm, "ssr", configs[0])
                 yield html_note(f"sweep: the baseline run (1 of {len(starts) + 1} runs)…"), None
                 base = TraceView()
-                for _ in self._stream(lm, prompt, "Baseline", configs[0], base, job=job, last=False):
+                for _ in self._stream(lm, prompt, BASELINE, configs[0], base, job=job, last=False):
                     pass
                 points, view = [], base
                 for k, (d, cfg) in enumerate(zip(starts, configs, strict=True), 1):
@@ -529,7 +569,7 @@ def _judge_pair(compare: dict, name: str, view: TraceView, trials: Trials) -> di
     ``view.notice`` says so; else the ratio is the median of its rounds' pair ratios, and
     ``matched_on`` says their spread and which of the pair was flagged slow (``compare.slow_runs``)."""
     s = view.done.stats
-    if view.method in SSR_LOOP and not s.drafts and not s.verifies:
+    if method_of(view.method).ssr_loop and not s.drafts and not s.verifies:
         view.notice = view.notice or (
             f"same work as baseline: {name} forked no draft and verified no proposal, so it ran baseline's steps "
             f"and its time differs from baseline's by noise alone (no speed verdict)"
@@ -542,7 +582,7 @@ def _judge_pair(compare: dict, name: str, view: TraceView, trials: Trials) -> di
         compare["ratio"] = statistics.median(ratios)
         words = [(f"median of this comparison's {len(ratios)} rounds, each against its own baseline run "
                   f"({min(ratios):.2f}-{max(ratios):.2f}x)")]
-    flagged = {f"this {name}": trials.slow.get(name), "the baseline": trials.slow.get("Baseline")}
+    flagged = {f"this {name}": trials.slow.get(name), "the baseline": trials.slow.get(BASELINE)}
     words += [f"{who} run {why}" for who, why in flagged.items() if why]
     compare["matched_on"] = "; ".join(words)
     return compare

@@ -27,8 +27,8 @@ from engine.events import (
     proposer,
 )
 from engine.methods.budget import budget_cut
-from engine.methods.rsd.roles import RSD_METHODS
-from engine.registry import LOSSY, PLAIN
+from engine.methods.exit.budget import NAME as EXIT
+from engine.registry import is_lossy, known, writes_steps
 
 CSS = (Path(__file__).resolve().parents[1] / "assets" / "studio.css").read_text()
 STATUS_LABEL = {"generated": "generated", "accepted": "accepted", "recovered": "suffix-recovered",
@@ -190,7 +190,7 @@ class TraceView:
     def _lane(self, row: str) -> str:
         """Whose forwards write a row's tokens (a token's row: "main" or "draft k"): the row's own,
         except in RSD, where one text is written by its draft or its target ("steps"; the PRM writes none)."""
-        return "steps" if self.method in RSD_METHODS and row != "prm" else row
+        return "steps" if writes_steps(self.method) and row != "prm" else row
 
     def exit_drafts(self) -> list[int]:
         """The drafts that agreed on an early exit (``RunStats.exit_drafts`` once the run's final
@@ -398,7 +398,7 @@ class TraceView:
         if not self.drafts:
             if self.method == "ssr-lookups":
                 return _pane([], "SSR's lookups alone (the ablation) forks no draft: its speed-ups are lookups.")
-            if self.method in PLAIN:
+            if (method := known(self.method)) is not None and method.plain:
                 return _pane([], "Plain decoding writes no draft.")
             return _pane([], self._no_draft())
         which = max(self.drafts) if which is None or which not in self.drafts else which
@@ -599,89 +599,128 @@ THINKING = {"prompted": "prompted (</think> as text)", "none": "none (a base mod
 def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> str:
     """The live metrics strip; ``compare`` (after a finished run) is
     ``ssr_ui.handlers.Studio.compare_to_baseline``'s: ``{"baselines": 0, ...}`` when no logged
-    baseline matches the run's settings, else ``{"ratio", "identical", "baselines", "matched_on", ...}``."""
+    baseline matches the run's settings, else ``{"ratio", "identical", "baselines", "matched_on", ...}``.
+    Its cells come in sections, in this order: :data:`STRIP_SECTIONS`, then the Compare's runs not run."""
     not_run = [(f"{name}: not run", reason) for name, reason in view.skipped.items() if name != method]
     if view.phase == "skipped":
         return _strip([("method", method), ("not run", view.skipped.get(method, "")),
                        *not_run], view.notice)
-    c = view.counts()
-    n_tokens = len(view.reasoning) + len(view.answer)
+    items = [cell for section in STRIP_SECTIONS for cell in section(view, method, compare)]
+    return _strip(items + not_run, view.notice)
+
+
+def _run_cells(view: TraceView, method: str, compare: dict | None) -> list:
+    """What ran and how fast: the method (lossy said), how it reasons, its phase, the budget that cut it,
+    exact numerics, the time, the first answer token's time and the rate."""
     elapsed = view.stats.wall_s if view.stats else view.elapsed
-    rate = n_tokens / elapsed if elapsed > 0 else 0.0
-    answered = max(1, len(view.answer))
-    items = [
-        ("method", method), ("phase", view.phase), ("elapsed", f"{elapsed:.2f} s"),
-        ("tokens/s", f"{rate:.1f}"), ("reasoning", str(len(view.reasoning))), ("answer", str(len(view.answer))),
-        ("accepted", f"{c['accepted']} ({c['accepted'] / answered:.0%})"),
-        ("recovered", f"{c['recovered']} ({c['recovered'] / answered:.0%})"),
-        ("generated", str(c["generated"])), ("rejected", str(c["rejected"])),
-    ]
-    if c["lookups"]:  # after "recovered": one cell per colour, each answer token in one of them
-        won = view.tally.stats.won()
-        items.insert(items.index(("generated", str(c["generated"]))),
-                     ("lookups", Tipped(f"{c['lookups']} ({c['lookups'] / answered:.0%})", " · ".join(
-                         f"{who} {won[who]}" for who in (f"lookup in {src}" for src in LOOKUPS) if won[who]))))
-    if view.method in LOSSY:  # its output may differ from baseline's by design: never called exact
-        items[0] = ("method", f"{method} (lossy)")
-    if view.exact:
-        items.insert(2, ("numerics", ("exact forwards" if view.method in LOSSY else "exact")
-                         + _route(view.stats.step_mode if view.stats else "")))
+    rate = (len(view.reasoning) + len(view.answer)) / elapsed if elapsed > 0 else 0.0
+    phase = view.phase
     if view.phase == "compiling":
         shapes = f": {view.compiled_shapes[0]} of {view.compiled_shapes[1]} shapes" if view.compiled_shapes else ""
-        items[1] = ("phase", f"compiling steps for this device{shapes} (once per model and shape)")
-    if view.stats and view.stats.step_mode.startswith(("vllm ", "llama.cpp ")):  # where the forwards ran, in full
-        items.append(("backend", view.stats.step_mode))
-    elif view.stats and view.stats.step_mode:
-        compiled = view.stats.step_mode == "compiled" or view.stats.step_mode.endswith(" compiled")
-        steps = "compiled" + (f" (compiling took {view.stats.compile_s:.1f} s before the run)" if view.stats.compile_s
+        phase = f"compiling steps for this device{shapes} (once per model and shape)"
+    lossy = is_lossy(view.method)  # its output may differ from baseline's by design: never called exact
+    items = [("method", f"{method} (lossy)" if lossy else method)]
+    if view.thinking in THINKING:  # next to the method: how this model's reasoning is told apart
+        items.append(("thinking", THINKING[view.thinking]))
+    items.append(("phase", phase))
+    if view.cut:
+        items.append(("cut by budget", view.cut_words()))
+    if view.exact:
+        items.append(("numerics", ("exact forwards" if lossy else "exact")
+                      + _route(view.stats.step_mode if view.stats else "")))
+    items.append(("elapsed", f"{elapsed:.2f} s"))
+    if view.stats and view.stats.ttft_s is not None:
+        items.append(("first answer token", f"{view.stats.ttft_s:.2f} s"))
+    return [*items, ("tokens/s", f"{rate:.1f}")]
+
+
+def _token_cells(view: TraceView, method: str, compare: dict | None) -> list:
+    """The tokens: reasoning and answer, then one cell per colour (each answer token in one of them; a
+    step writer keeps or rewrites whole steps and recovers none)."""
+    c, answered = view.counts(), max(1, len(view.answer))
+    items = [("reasoning", str(len(view.reasoning))), ("answer", str(len(view.answer))),
+             ("accepted", f"{c['accepted']} ({c['accepted'] / answered:.0%})")]
+    if not view.steps:
+        items.append(("recovered", f"{c['recovered']} ({c['recovered'] / answered:.0%})"))
+    if c["lookups"]:
+        won = view.tally.stats.won()
+        items.append(("lookups", Tipped(f"{c['lookups']} ({c['lookups'] / answered:.0%})", " · ".join(
+            f"{who} {won[who]}" for who in (f"lookup in {src}" for src in LOOKUPS) if won[who]))))
+    return [*items, ("generated", str(c["generated"])), ("rejected", str(c["rejected"]))]
+
+
+def _where_cells(view: TraceView, method: str, compare: dict | None) -> list:
+    """Where the forwards ran: the backend or the steps (compiled or eager), how verifies ran, a server's own
+    speculation, the KV cache."""
+    s, items = view.stats, []
+    if s and s.step_mode.startswith(("vllm ", "llama.cpp ")):  # where the forwards ran, in full
+        items.append(("backend", s.step_mode))
+    elif s and s.step_mode:
+        compiled = s.step_mode == "compiled" or s.step_mode.endswith(" compiled")
+        steps = "compiled" + (f" (compiling took {s.compile_s:.1f} s before the run)" if s.compile_s
                               else "") if compiled else "eager"
-        items.append(("steps", Tipped(steps, view.stats.step_mode)))
-    if view.stats and (view.stats.verify or "").startswith("one token"):  # the probe routed this model's verifies
-        items.append(("verify", Tipped("one token per step", view.stats.verify)))
-    elif view.stats and (view.stats.verify or "").startswith(("on the server", "client-side")):
-        items.append(("verify", view.stats.verify.split(":")[0]))
-    if view.stats and view.stats.server_speculation:
-        s = view.stats
+        items.append(("steps", Tipped(steps, s.step_mode)))
+    if s and (s.verify or "").startswith("one token"):  # the probe routed this model's verifies
+        items.append(("verify", Tipped("one token per step", s.verify)))
+    elif s and (s.verify or "").startswith(("on the server", "client-side")):
+        items.append(("verify", s.verify.split(":")[0]))
+    if s and s.server_speculation:
         figures = (f"{s.server_speculation}: {s.server_accepted} of {s.server_proposed} proposed tokens "
                    f"accepted in {s.server_steps} verify steps (colours reconstructed from its stream)")
         items.append(("server speculation", figures))
-    if view.stats and view.stats.cache_mb:
-        items.append(("KV cache", si(view.stats.cache_mb * 2**20) + "B"))
-    if view.steps:  # RSD keeps or rewrites whole steps: it recovers no tokens
-        items = [i for i in items if i[0] != "recovered"]
+    if s and s.cache_mb:
+        items.append(("KV cache", si(s.cache_mb * 2**20) + "B"))
+    return items
+
+
+def _work_cells(view: TraceView, method: str, compare: dict | None) -> list:
+    """The work: steps kept and rewritten (a step writer), FLOPs, the acceptance rule, an early exit's
+    cells, each model's precision."""
+    c, s, items = view.counts(), view.stats, []
+    if view.steps:
         items += [("steps kept", str(c["steps_kept"])), ("steps rewritten", str(c["steps_rewritten"]))]
-    if view.stats and view.stats.flops:
+    if s and s.flops:
         ratio = f" ({compare['flops_ratio']:.2f}x baseline)" if compare and compare.get("flops_ratio") else ""
-        items.append(("FLOPs", si(view.stats.flops) + ratio))
+        items.append(("FLOPs", si(s.flops) + ratio))
     if view.rule:
         items.append(("rule", view.rule))
-    if view.method in LOSSY or (view.stats and view.stats.exit_rule):
+    if view.method == EXIT or (s and s.exit_rule):
         items += _exit_items(view, compare)
     if view.dtypes:
         items.append(("precision", view.dtypes))
-    if view.stats and view.stats.ttft_s is not None:
-        items.insert(3, ("first answer token", f"{view.stats.ttft_s:.2f} s"))
-    if view.stats and view.stats.rejected_lookup:
-        items.append(("lookup misses", str(view.stats.rejected_lookup)))
-    saved = view.saved_by()
-    if saved:
+    return items
+
+
+def _proposer_cells(view: TraceView, method: str, compare: dict | None) -> list:
+    """What the proposers did: lookups missed, forwards saved, acceptance per proposer (vLLM's figures: the
+    rate and mean length in the cell, the counts on hover), repetition, what drafts did and were decided."""
+    s, items = view.stats, []
+    if s and s.rejected_lookup:
+        items.append(("lookup misses", str(s.rejected_lookup)))
+    if saved := view.saved_by():
         items.append(("forwards saved", " · ".join(f"{who} {n}" for who, n in saved.items())))
-    rates = view.stats.by_proposer() if view.stats else []
-    if rates:  # vLLM's spec-decode figures, per proposer: the rate and mean length in the cell, the counts on hover
+    if rates := s.by_proposer() if s else []:
         items.append(("acceptance", Tipped(" · ".join(
             f"{p.proposer} {p.acceptance_rate:.0%}, {p.mean_acceptance_length:.1f}/verify" for p in rates),
             "; ".join(p.words() for p in rates))))
-    if view.stats and view.stats.repetition():
-        items.append(("repeating", view.stats.repetition()))
-    if view.stats and view.stats.drafts and view.phase in ("done", "ok", "imported"):
-        n = view.stats.draft_saved
+    if s and s.repetition():
+        items.append(("repeating", s.repetition()))
+    if s and s.drafts and view.phase in ("done", "ok", "imported"):
+        n = s.draft_saved
         items.append(("drafts' own", f"{n} forward{'s' if n != 1 else ''} no lookup would have saved"))
-    if view.stats and view.stats.drafting:
-        items.append(("drafting", view.stats.drafting))
-    if view.stats and view.stats.drafts and view.stats.forks:
-        items.append(("forks", view.stats.forks))
-    if view.stats and view.stats.lookups:
-        items.append(("reasoning lookups", view.stats.lookups))
+    if s and s.drafting:
+        items.append(("drafting", s.drafting))
+    if s and s.drafts and s.forks:
+        items.append(("forks", s.forks))
+    if s and s.lookups:
+        items.append(("reasoning lookups", s.lookups))
+    return items
+
+
+def _versus_cells(view: TraceView, method: str, compare: dict | None) -> list:
+    """Against baseline: the latency ratio and what it was matched on (or why there is none), whether the
+    output is the same, and, for SSR in a Compare, what its drafts added against its lookups alone."""
+    items = []
     if compare is not None and not compare.get("baselines"):
         left = _left_out(compare.get("pool") or {})
         items.append(("vs baseline", "no baseline run with these settings yet: run Baseline with them" if not left
@@ -700,11 +739,10 @@ def metrics_html(view: TraceView, method: str, compare: dict | None = None) -> s
     if compare and compare.get("vs_lookups"):
         items.append(("drafts added", (f"{compare['vs_lookups']:.2f}x the latency of SSR's lookups alone (this "
                                        "comparison's own run: under 1, the drafts paid for themselves)")))
-    if view.cut:
-        items.insert(2, ("cut by budget", view.cut_words()))
-    if view.thinking in THINKING:  # next to the method: how this model's reasoning is told apart
-        items.insert(1, ("thinking", THINKING[view.thinking]))
-    return _strip(items + not_run, view.notice)
+    return items
+
+
+STRIP_SECTIONS = (_run_cells, _token_cells, _where_cells, _work_cells, _proposer_cells, _versus_cells)
 
 
 @dataclass(frozen=True)

@@ -177,5 +177,31 @@ def test_the_checks_see_the_imports():
     """The graph is read right: known edges are there (else the tests above would pass vacuously)."""
     graph = {m: {t for t, _ in targets} for m, targets in _graph().items()}
     assert "engine.registry" in graph["ssr_ui.handlers"]
-    assert "engine.methods.ssr.loop" in graph["engine.registry"]
+    assert "engine.methods.ssr.method" in graph["engine.registry"]
     assert any(_under(t, "engine.runtime") for t in graph["engine.methods.ssr.loop"])
+
+
+MAX_UI_FUNCTION = 80  # lines: a UI function longer than this hides logic that wants a name and a test of its own
+
+
+def test_no_ui_function_is_longer_than_a_screen():
+    """Every function in ``ssr_ui/`` (methods and nested functions included) fits in 80 lines."""
+    long = [f"{path.relative_to(ROOT)}:{node.lineno} {node.name} is {node.end_lineno - node.lineno + 1} lines"
+            for path in (ROOT / "ssr_ui").rglob("*.py")
+            for node in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.end_lineno - node.lineno + 1 > MAX_UI_FUNCTION]
+    assert not long, "\n".join(sorted(long))
+
+
+def test_the_ui_names_no_method_the_registry_does_not_declare():
+    """The studio's lists of methods are the registry's (``engine.registry.methods``): the Run tab's modes, a
+    Compare's runs and the Benchmark tab's choices are its records' labels and names, in its order."""
+    from engine.registry import methods
+    from ssr_ui.benchmark import BENCH_METHODS
+    from ssr_ui.handlers import COMPARE_RUNS, METHOD_NAMES, MODES
+
+    assert MODES == (*(m.label for m in methods("run")), "Compare")
+    assert COMPARE_RUNS == tuple(m.label for m in methods("compare"))
+    assert BENCH_METHODS == tuple(m.name for m in methods("benchmark"))
+    assert all(METHOD_NAMES[label] for label in (*MODES[:-1], *COMPARE_RUNS))

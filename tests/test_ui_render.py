@@ -301,7 +301,9 @@ def test_spaces_gpu_wraps_the_runs_only_when_spaces_is_installed(studio, monkeyp
 def test_every_plain_method_says_it_writes_no_draft():
     """The Draft pane's message follows the registry: hf-static (once missing from a hand-kept
     list, so it showed SSR's "no draft yet") says what every plain method says."""
-    from engine.registry import METHODS, PLAIN
+    from engine.registry import METHODS, methods
+
+    PLAIN = [m.name for m in methods() if m.plain]
 
     assert "hf-static" in PLAIN and "ssr" not in PLAIN and set(PLAIN) < set(METHODS)
     for method in PLAIN:

@@ -17,9 +17,8 @@ from engine.benchmarks.grading import Grader
 from engine.benchmarks.problems import Problem
 from engine.config import RunConfig
 from engine.events import DoneEvent, Event
-from engine.methods.rsd.loop import RSD_METHODS
 from engine.methods.seams import StepModel
-from engine.registry import LOSSY, SINGLE_MODEL, decoder
+from engine.registry import decoder, is_lossy, method_of, writes_steps
 from engine.runlog import RunLog, RunMeta, prompt_hash
 
 # the studio wraps each run's events (its job's claim on the run's end): (events, last run) -> events
@@ -101,7 +100,7 @@ class Bench:
     def run_one(self, method: str, problem: Problem, repeat: int, baseline_answer: str | None = None,
                 stop: Callable[[], bool] | None = None, wrap: Wrap | None = None, last: bool = True) -> dict | None:
         models, lm = self.models, self.models["target"]
-        rsd = method in RSD_METHODS
+        used = method_of(method).uses
 
         graded: dict[str, bool | None] = {}  # the log's grade and the result's: graded once
 
@@ -111,8 +110,8 @@ class Bench:
             return graded[answer]
 
         meta = RunMeta(method, lm.model_id, problem.prompt, self.config(method).to_dict(), prompt_id=problem.id, grade=grade,
-                       draft_model=models["draft"].model_id if rsd and method != "target" else None,
-                       prm=models.get("prm_name") if method == "rsd" else None, reference=problem.reference,
+                       draft_model=models["draft"].model_id if "draft" in used else None,
+                       prm=models.get("prm_name") if "prm" in used else None, reference=problem.reference,
                        origin=self.origin, visitor=self.visitor, device=getattr(lm, "backend", str(lm.device)), dtype=lm.dtype,
                        think_end=lm.markers.close_text if lm.markers else None,
                        dataset=self.dataset)
@@ -165,9 +164,9 @@ def add_agreement(lm, prompt: str, batch: list[dict], max_think: int | None = No
         return
     base_ids = base["reasoning_token_ids"] + base["answer_token_ids"]
     for r in batch:
-        if r["method"] in LOSSY and r.get("exit_at") is not None:  # it stopped reasoning early by design
+        if is_lossy(r["method"]) and r.get("exit_at") is not None:  # it stopped reasoning early by design
             r.update(agreement=f"early exit: reasoning stopped at token {r['exit_at']} (lossy by design)",
                      agreement_kind="exit", diverged_at=None, margin=None)
-        elif r["method"] in SINGLE_MODEL and r["method"] != "baseline":
+        elif not writes_steps(r["method"]) and r["method"] != "baseline":  # a method writing tokens, not steps
             a = agreement(lm, prompt, base_ids, r["reasoning_token_ids"] + r["answer_token_ids"], max_think, r["method"])
             r.update(agreement=str(a), agreement_kind=a.kind, diverged_at=a.diverged_at, margin=a.margin)

@@ -18,8 +18,7 @@ from pathlib import Path
 
 from engine.events import parse_acceptance
 from engine.forwards import mean_accepted, merge
-from engine.methods.rsd.loop import RSD_METHODS
-from engine.registry import SINGLE_MODEL
+from engine.registry import writes_steps
 from engine.runlog.compare import kind_key, per_forward, slow_runs
 
 Z95 = 1.959964
@@ -50,7 +49,7 @@ def tokens_per_forward(run: dict) -> float | None:
     """Answer tokens per forward of the target while answering (a verify gives one or more; the
     forward that ends the reasoning gives the first token, the last one the end of the sequence):
     1.0 for plain decoding that ends its answer itself, a little more when cut at max answer."""
-    if run["method"] not in SINGLE_MODEL or not run.get("answer_tokens") or not run.get("answer_forwards"):
+    if writes_steps(run["method"]) or not run.get("answer_tokens") or not run.get("answer_forwards"):
         return None
     return run["answer_tokens"] / run["answer_forwards"]
 
@@ -85,7 +84,7 @@ def summarize(runs: list[dict], greedy: bool, history: list[dict] | None = None)
             row["median_ttft_s"] = statistics.median(ttft)
         # RSD's benches compare with the target alone; SSR with its lookups alone too (the ablation: what drafts add)
         for ref, to in (("baseline", "baseline"), ("target", "target"), ("ssr-lookups", "lookups")):
-            if ref in methods and (ref == "baseline" or (ref == "target" and m in RSD_METHODS)
+            if ref in methods and (ref == "baseline" or (ref == "target" and writes_steps(m))
                                    or (ref == "ssr-lookups" and m == "ssr")):
                 ratios = _ratios(by, m, ref, problems, "latency_s")
                 if ratios:
@@ -102,7 +101,7 @@ def summarize(runs: list[dict], greedy: bool, history: list[dict] | None = None)
         if any(r.get("flops") for r in mine):
             row["median_flops"] = statistics.median(r.get("flops", 0.0) for r in mine)
         steps = sum(r["steps_accepted"] + r["steps_rejected"] for r in mine)
-        if m in RSD_METHODS and steps:
+        if writes_steps(m) and steps:
             row["fraction_steps_accepted"] = sum(r["steps_accepted"] for r in mine) / steps
         checked = [r["correct"] for r in mine if "correct" in r]
         if checked:

@@ -10,10 +10,12 @@ cache is a :class:`CachedModel`, which re-encodes a longrope model where ``gener
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 
 from engine.config import RunConfig
 from engine.events import Event, RowWork
 from engine.methods.budget import ThinkBudget
+from engine.methods.contract import STUDIO, Method
 from engine.methods.recorder import Recorder
 from engine.methods.sampling import Chooser
 from engine.methods.seams import StepModel
@@ -96,3 +98,8 @@ def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Even
     rec.stats.cache_mb = cache_mb(seq.cache)
     yield rec.phase("done")
     yield rec.done()
+
+
+METHOD = Method("baseline", "Baseline", "plain decoding: one forward per token, the reference every other method is "
+                "measured against", start=lambda m: partial(decode_baseline, m.target), server="", studio=STUDIO,
+                color="#6b7280")

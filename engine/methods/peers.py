@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
@@ -37,6 +38,7 @@ from transformers.generation.streamers import BaseStreamer
 from engine.config import RunConfig
 from engine.events import Event, RowWork, RunStats, TokenEvent
 from engine.methods.budget import ThinkBudget
+from engine.methods.contract import Method
 from engine.methods.recorder import Recorder
 from engine.methods.seams import StepModel
 from engine.runtime.cached import Span
@@ -272,3 +274,17 @@ def _phase_seconds(s: RunStats, at: list[float], reasoning: int, first: float, w
     end_of_reasoning = max(at[reasoning - 1], s.prefill_s) if reasoning else s.prefill_s
     s.reasoning_s = end_of_reasoning - s.prefill_s
     s.answer_s = wall - end_of_reasoning
+
+
+NOT_ON_LLAMA = ("is transformers' own generate(), which the llama.cpp runtime does not run (a GGUF file there has no "
+                "transformers module): run it on the transformers runtime; the bench compares with llama.cpp's own "
+                "generation instead")
+METHODS = (
+    Method("hf", "transformers generate()", "transformers' own generate() on the same templated input and budget",
+           start=lambda m: partial(decode_hf, m.target), llama=NOT_ON_LLAMA, color="#db2777"),
+    Method("hf-pld", "transformers prompt lookup", f"generate() with prompt-lookup decoding ({PLD_TOKENS} tokens)",
+           start=lambda m: partial(decode_hf, m.target, prompt_lookup=True), llama=NOT_ON_LLAMA, color="#65a30d"),
+    Method("hf-static", "transformers static cache", "generate() with the static cache (compiled by transformers "
+           "on a GPU)", start=lambda m: partial(decode_hf, m.target, static=True), llama=NOT_ON_LLAMA,
+           color="#0891b2"),
+)

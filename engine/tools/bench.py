@@ -65,9 +65,8 @@ from engine.events import Event, TokenEvent
 from engine.llamacpp import costs as llama_costs
 from engine.llamacpp import reference as llama_reference
 from engine.llamacpp.model import RUNTIME as LLAMA
-from engine.methods.rsd.loop import RSD_METHODS
 from engine.presets import with_exit_probes
-from engine.registry import METHODS, SSR_LOOP, check_method, decoder, not_answer_only
+from engine.registry import METHODS, check_method, decoder, not_answer_only, on_ssr_loop, uses, writes_steps
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel, check_backend
 from engine.remote.speculation import SPECULATIONS
@@ -120,7 +119,7 @@ def problems_from_args(args: argparse.Namespace) -> tuple[list[Problem], str]:
 
 def _tokens_line(r: dict) -> str:
     """A run's own figures: SSR's accepted / recovered answer tokens, RSD's steps kept."""
-    if r["method"] in RSD_METHODS:
+    if writes_steps(r["method"]):
         return f"steps kept {r['steps_accepted']}/{r['steps_accepted'] + r['steps_rejected']}"
     return f"accepted {r['accepted']} recovered {r['recovered']}"
 
@@ -279,8 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         problems, dataset = problems_from_args(args)
         grader = Grader(load_grader(args.grader) if args.grader else None)
         log = RunLog(args.db) if args.db else None
-        if args.random_weights and set(methods) & {"rsd", "target", "draft"}:
-            raise ValueError("--random-weights measures single-model methods; RSD needs trained models")
+        if args.random_weights and (trained := [m for m in methods if writes_steps(m)]):
+            raise ValueError(f"--random-weights measures single-model methods; {', '.join(trained)} need trained "
+                             "models (a PRM judges written steps)")
         check_backend(args.backend, args.base_url)
         if args.server_speculation and not args.base_url:
             raise ValueError("--server-speculation describes the --base-url server: give --base-url too")
@@ -293,17 +293,17 @@ def main(argv: list[str] | None = None) -> int:
             for m in methods:
                 decoder(m, lm)  # a method that does not run on a server says so now
         models = {"target": lm, "prm_name": args.prm}
-        if set(SSR_LOOP) & set(methods):
+        if on_ssr_loop(methods):
             lm.require_markers()
             cfg.check_ssr()
         for m in methods if not cfg.thinking else []:
             if why := not_answer_only(m, lm):
                 raise ValueError(why)
-        if {"rsd", "draft"} & set(methods):
+        if uses(methods, "draft"):
             models["draft"] = load_role(args.draft_model, args.device, target=lm, server=_server(
                 args.draft_base_url, args.api_key, args.draft_served_model), progress=_say, runtime=args.runtime,
                 threads=args.threads)
-        if "rsd" in methods:
+        if uses(methods, "prm"):
             models["scorer"] = load_scorer(args.prm, args.device, _server(args.prm_base_url, args.api_key,
                                                                           args.prm_served_model), args.trust_remote_code)
     except (ValueError, ModelLoadError, SSRUnsupportedError, BackendError) as err:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from engine.benchmarks.runner import Bench
 from engine.benchmarks.summary import Z95, iqr, wilson
-from engine.methods.exit.budget import METHOD
+from engine.methods.exit.budget import NAME as METHOD
 from engine.runlog import RunLog
 from engine.runtime.model import ModelLoadError, SSRUnsupportedError
 from engine.tools.bench import CONFIG_FLAGS, add_source_args, problems_from_args

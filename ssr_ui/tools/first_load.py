@@ -106,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", type=float, help=argparse.SUPPRESS)  # one launch, spawned at this epoch time
     args = ap.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    from engine.registry import SINGLE_MODEL  # (RSD's first load is its draft's and PRM's too: not measured here)
+    from engine.registry import methods as registered  # (a draft's or a PRM's first load is not measured here)
 
-    known = tuple(SINGLE_MODEL)
+    known = tuple(m.name for m in registered() if not m.uses)
     if not methods or any(m not in known for m in methods):
         ap.error(f"--methods: one or more of {', '.join(known)} (the first is the first run's), not {args.methods!r}")
     if args.launches < 1 or args.runs < 1:

@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from functools import partial
 
 import torch
 
 from engine.config import RunConfig
 from engine.events import Event, PhaseEvent
+from engine.methods.contract import Method
 from engine.methods.exit.rule import Exit, ExitRule, Probe, answer_key
 from engine.methods.recorder import Recorder
 from engine.methods.seams import StepModel
 from engine.methods.ssr.loop import SSRBudget, SSRState, decode_ssr
 from engine.methods.ssr.proposers import Draft
 
-METHOD = "ssr-exit"
+NAME = "ssr-exit"
 
 
 class ExitBudget(SSRBudget):
@@ -118,4 +120,14 @@ class ExitBudget(SSRBudget):
 
 def decode_exit(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
     """Yield the events of an ``ssr-exit`` run: SSR's loop with :class:`ExitBudget`."""
-    return decode_ssr(lm, prompt, cfg, method=METHOD, budget_class=ExitBudget)
+    return decode_ssr(lm, prompt, cfg, method=NAME, budget_class=ExitBudget)
+
+
+METHOD = Method(NAME, "SSR early exit", "SSR that stops reasoning once its finished drafts agree on the answer (lossy by "
+                "design: the answer is the model's own, after a shorter reasoning)",
+                start=lambda m: partial(decode_exit, m.target), exact=False, drafts=True, ssr_loop=True,
+                server="over a server the drafts are requests of their own that finish when the server schedules them, "
+                       "so where the reasoning stopped would depend on the server's timing, not on the tokens; "
+                       "ssr-exit runs in process",
+                thinking_off="ends a reasoning early, and with thinking off there is none",
+                studio=("run", "compare", "benchmark"), color="#dc2626")  # (the timeline's exit line and badge too)

@@ -21,9 +21,11 @@ puts a model on its vLLM server) and reads what sets the three methods apart fro
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
+from functools import partial
 
 from engine.config import RunConfig
 from engine.events import Event, ForwardEvent, RowWork, StepEvent
+from engine.methods.contract import Method, Models
 from engine.methods.recorder import Recorder
 from engine.methods.rsd.roles import PLANS, RSD_METHODS, UNJUDGED, Judge, Verdict, cast
 from engine.methods.rsd.writer import LocalWriter, Step, StepWriter, WriterFactory
@@ -171,3 +173,23 @@ def _account(rec: Recorder, writers: dict[str, StepWriter], judge: Judge) -> Non
     kept, rejected = judge.rewards[True], judge.rewards[False]
     s.mean_reward_accepted = sum(kept) / len(kept) if kept else None
     s.mean_reward_rejected = sum(rejected) / len(rejected) if rejected else None
+
+
+def _method(mode: str, label: str, summary: str, studio: tuple[str, ...], color: str) -> Method:
+    def start(m: Models):
+        return partial(decode_rsd, m.target, m.draft, m.scorer, mode=mode, writer=m.writer or LocalWriter)
+
+    plan = PLANS[mode]
+    return Method(mode, label, summary, start, exact=False, drafts=plan.writer == "draft" and plan.judged, steps=True,
+                  uses=("draft", "prm") if plan.judged else tuple(m for m in plan.models if m != "target"),
+                  server="", thinking_off="runs with thinking on only (its draft model writes reasoning steps)",
+                  studio=studio, color=color)
+
+
+METHODS = (
+    _method("rsd", "RSD", "reward-guided speculative decoding: a draft model writes each reasoning step, a PRM judges "
+            "it, the target rewrites a rejected one (lossy by design)", ("run", "compare", "benchmark"), "#9333ea"),
+    _method("target", "RSD target alone", "RSD's step loop with the target writing every step (its quality bar)",
+            ("benchmark",), "#b45309"),
+    _method("draft", "RSD draft alone", "RSD's step loop with the draft writing every step (its speed floor)", (), "#0d9488"),
+)
