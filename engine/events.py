@@ -33,6 +33,8 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
+from engine.steps import StepMode, Verify
+
 PHASES = ("prefill", "reasoning", "drafting", "exit", "answer", "done")
 STREAMS = ("reasoning", "draft", "answer")
 STATUSES = ("generated", "accepted", "recovered", "rejected")
@@ -190,6 +192,14 @@ class RunStats:
     exit_answer: str = ""
     exit_score: float | None = None  # the agreeing drafts' mean token probability under the model (measured when the rule has a bar)
     exit_why: str = ""  # no exit: why the rule never held, with the counts (ExitBudget.why_not)
+
+    def stepping(self) -> StepMode:
+        """How the run's steps ran (``step_mode`` read once, in ``engine.steps``)."""
+        return StepMode.of(self.step_mode)
+
+    def verifying(self) -> Verify:
+        """How the run's verifies ran (``verify`` read once, in ``engine.steps``)."""
+        return Verify.of(self.verify)
 
     def won(self) -> dict[str, int]:
         """The answer's tokens by the proposer that won them, as the panes colour them (:func:`proposer`'s

@@ -26,9 +26,10 @@ from engine.events import (
     is_lookup,
     proposer,
 )
-from engine.methods.budget import budget_cut
+from engine.methods.budget import budget_cut, cut_parts
 from engine.methods.exit.budget import NAME as EXIT
 from engine.registry import is_lossy, known, writes_steps
+from engine.steps import StepMode, Verify
 
 CSS = (Path(__file__).resolve().parents[1] / "assets" / "studio.css").read_text()
 STATUS_LABEL = {"generated": "generated", "accepted": "accepted", "recovered": "suffix-recovered",
@@ -448,7 +449,7 @@ class TraceView:
     @property
     def cut_parts(self) -> list[str]:
         """:attr:`cut` as its parts: "reasoning", "answer", "response" (none when nothing was cut)."""
-        return [p.strip() for p in self.cut.split(",") if p.strip()]
+        return cut_parts(self.cut)
 
     def cut_words(self) -> str:
         """The cut in words, for the strip and the panes ("" when the run ended by itself)."""
@@ -627,7 +628,7 @@ def _run_cells(view: TraceView, method: str, compare: dict | None) -> list:
         items.append(("cut by budget", view.cut_words()))
     if view.exact:
         items.append(("numerics", ("exact forwards" if lossy else "exact")
-                      + _route(view.stats.step_mode if view.stats else "")))
+                      + _route(view.stats.stepping() if view.stats else StepMode.of(""))))
     items.append(("elapsed", f"{elapsed:.2f} s"))
     if view.stats and view.stats.ttft_s is not None:
         items.append(("first answer token", f"{view.stats.ttft_s:.2f} s"))
@@ -653,17 +654,17 @@ def _where_cells(view: TraceView, method: str, compare: dict | None) -> list:
     """Where the forwards ran: the backend or the steps (compiled or eager), how verifies ran, a server's own
     speculation, the KV cache."""
     s, items = view.stats, []
-    if s and s.step_mode.startswith(("vllm ", "llama.cpp ")):  # where the forwards ran, in full
-        items.append(("backend", s.step_mode))
-    elif s and s.step_mode:
-        compiled = s.step_mode == "compiled" or s.step_mode.endswith(" compiled")
-        steps = "compiled" + (f" (compiling took {s.compile_s:.1f} s before the run)" if s.compile_s
-                              else "") if compiled else "eager"
-        items.append(("steps", Tipped(steps, s.step_mode)))
-    if s and (s.verify or "").startswith("one token"):  # the probe routed this model's verifies
-        items.append(("verify", Tipped("one token per step", s.verify)))
-    elif s and (s.verify or "").startswith(("on the server", "client-side")):
-        items.append(("verify", s.verify.split(":")[0]))
+    steps, verifies = (s.stepping(), s.verifying()) if s else (StepMode.of(""), Verify.of(""))
+    if steps.backend:  # where the forwards ran, in full
+        items.append(("backend", steps.text))
+    elif steps.text:
+        words = "compiled" + (f" (compiling took {s.compile_s:.1f} s before the run)" if s.compile_s
+                              else "") if steps.compiled else "eager"
+        items.append(("steps", Tipped(words, steps.text)))
+    if verifies.one_token:  # the probe routed this model's verifies
+        items.append(("verify", Tipped("one token per step", verifies.text)))
+    elif verifies.remote:
+        items.append(("verify", verifies.head))
     if s and s.server_speculation:
         figures = (f"{s.server_speculation}: {s.server_accepted} of {s.server_proposed} proposed tokens "
                    f"accepted in {s.server_steps} verify steps (colours reconstructed from its stream)")
@@ -861,8 +862,6 @@ def error_html(message: str) -> str:
     return f'<div class="metrics error">⚠ {esc(message)}</div>'
 
 
-def _route(step_mode: str) -> str:
-    """Exact mode's route, from the run's step mode ("exact fixed 8x32 eager", "exact rows: ...")."""
-    if step_mode.startswith("exact fixed "):
-        return f" (fixed {step_mode.split()[2]})"
-    return " (per row)" if step_mode.startswith("exact rows") else ""
+def _route(steps: StepMode) -> str:
+    """Exact mode's route, in the numerics cell: " (fixed 8x32)", " (per row)"."""
+    return f" ({steps.route})" if steps.route else ""

@@ -205,3 +205,30 @@ def test_the_ui_names_no_method_the_registry_does_not_declare():
     assert COMPARE_RUNS == tuple(m.label for m in methods("compare"))
     assert BENCH_METHODS == tuple(m.name for m in methods("benchmark"))
     assert all(METHOD_NAMES[label] for label in (*MODES[:-1], *COMPARE_RUNS))
+
+
+# RunStats' words (engine.events): the studio shows them, and reads what it branches on from typed values
+ENGINE_TEXT = {"step_mode", "verify", "forks", "drafting", "lookups", "server_note", "exit_why", "exit_rule",
+               "server_speculation", "acceptance", "cut"}
+SLICING = {"startswith", "endswith", "split", "rsplit", "partition", "rpartition", "index", "find", "removeprefix"}
+
+
+def _names_engine_text(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr in ENGINE_TEXT for n in ast.walk(node))
+
+
+def test_the_ui_never_slices_or_searches_the_engines_words():
+    """No ``ssr_ui`` module slices, splits or searches a RunStats text field (``s.verify.split(":")``,
+    ``step_mode.startswith("vllm ")``, ``"x" in s.forks``): the engine's typed readings
+    (``engine.steps``, ``RunStats.stepping()``, ``.verifying()``) say what the page branches on, so rewording a
+    message in the engine cannot silently change the page."""
+    found = []
+    for path in (ROOT / "ssr_ui").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            sliced = (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in SLICING
+                      and _names_engine_text(node.func.value))
+            searched = (isinstance(node, ast.Compare) and any(isinstance(op, ast.In | ast.NotIn) for op in node.ops)
+                        and any(_names_engine_text(c) for c in node.comparators))
+            if sliced or searched:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)[:90]}")
+    assert not found, "\n".join(sorted(found))

@@ -38,8 +38,9 @@ from engine.runtime.model import (
     resolve_model_path,
 )
 from engine.runtime.rope import Rope
+from engine.steps import LLAMA
 
-RUNTIME = "llama.cpp"
+RUNTIME = LLAMA
 SEQS = 64  # sequences a context holds: the main row, up to 62 drafts, and the parked cells (engine.llamacpp.rows)
 CELL_STEP = 256  # contexts are made in multiples of this many cells, so runs of similar sizes reuse one
 

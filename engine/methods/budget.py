@@ -44,6 +44,12 @@ def budget_cut(reasoning: int, answer: int, max_think: int, max_answer: int, rsd
                      if hit)
 
 
+def cut_parts(cut: str | None) -> list[str]:
+    """:func:`budget_cut`'s words read back: its parts ("reasoning", "answer", "response"; none when nothing was
+    cut)."""
+    return [p.strip() for p in (cut or "").split(",") if p.strip()]
+
+
 @dataclass
 class ThinkBudget:
     """One run's reasoning budget: when to force the end of thinking, and what it forced."""

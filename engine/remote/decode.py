@@ -38,6 +38,7 @@ from engine.methods.ssr.suffix_index import SuffixIndex
 from engine.remote.client import BackendError
 from engine.remote.model import RemoteModel
 from engine.remote.speculation import speculated_answer
+from engine.steps import CLIENT_SIDE
 
 
 def decode_remote_baseline(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
@@ -102,7 +103,7 @@ def decode_remote_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[
                          "the full distributions, and the server returns top-k log-probabilities")
     prompt_ids = rm.prompt_ids(prompt)
     rec = _recorder(rm, "ssr", prompt_ids)
-    rec.stats.verify = "client-side: one verify request per proposal (the server does not speculate)"
+    rec.stats.verify = f"{CLIENT_SIDE}: one verify request per proposal (the server does not speculate)"
     rec.stats.lookups = lookups_set_aside(cfg)
     index = SuffixIndex(cfg.min_match)
     index.extend("prompt", prompt_ids)

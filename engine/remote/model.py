@@ -19,6 +19,7 @@ from engine.runtime.model import (
     require_markers,
     resolve_model_path,
 )
+from engine.steps import VLLM
 
 
 class RemoteModel:
@@ -36,7 +37,7 @@ class RemoteModel:
 
     @property
     def backend(self) -> str:
-        return f"vllm {self.client.base_url}"
+        return f"{VLLM} {self.client.base_url}"
 
     step_mode = backend  # what a run's stats say its steps ran on
 

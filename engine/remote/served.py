@@ -37,6 +37,7 @@ from engine.methods.ssr.suffix_index import SuffixIndex
 from engine.remote.decode import RemoteState, _reason_and_fork, _recorder, lookups_set_aside
 from engine.remote.model import RemoteModel
 from engine.remote.speculation import speculated_answer
+from engine.steps import ON_SERVER
 
 
 def decode_served_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
@@ -46,7 +47,7 @@ def decode_served_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[
     rm.begin_run(cfg.exact_mode)
     prompt_ids = rm.prompt_ids(prompt)
     rec = _recorder(rm, "ssr", prompt_ids)
-    rec.stats.verify = f"on the server: its {rm.speculation} speculation (no client-side verify)"
+    rec.stats.verify = f"{ON_SERVER}: its {rm.speculation} speculation (no client-side verify)"
     rec.stats.lookups = lookups_set_aside(cfg)
     rec.stats.server_speculation = rm.speculation
     index = SuffixIndex(cfg.min_match)

@@ -27,6 +27,8 @@ import statistics
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 
+from engine.steps import StepMode
+
 SLOW_FACTOR = 2.0  # a run is flagged slow past this many times its kind's median seconds per forward
 MIN_KIND = 3  # finished runs of one kind before any of them can be flagged (fewer: nothing to judge by)
 POOL_WINDOW_S = 1800.0  # pooled baselines lie within this many seconds of the run judged (no stale mixes)
@@ -47,7 +49,7 @@ def match_key(run: Mapping) -> tuple:
     ``config`` a dict or its JSON) or a dict of the same keys for a run not logged yet."""
     cfg = _config(run)
     sampled = (cfg.get("temperature") or 0) > 0
-    steps = str(run.get("step_mode") or "").split(":")[0]
+    steps = StepMode.of(run.get("step_mode")).head
     return (run.get("prompt_hash"), run.get("model"), run.get("dtype"), run.get("device"), cfg.get("max_think"),
             cfg.get("max_answer"), cfg.get("temperature"), cfg.get("top_p"), cfg.get("seed") if sampled else None,
             bool(cfg.get("exact")), steps, cfg.get("thinking", True))

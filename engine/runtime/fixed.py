@@ -40,6 +40,7 @@ import contextlib
 import torch
 
 from engine.runtime.cache import crop
+from engine.steps import exact_step_mode
 
 ROUTES = ("auto", "rows", "fixed")
 ROWS, WIDTH = 8, 32  # one shape per model, shared by every exact run on this route (baseline, SSR, RSD)
@@ -89,10 +90,8 @@ def unfit(config, layout, rope) -> str | None:
 
 
 def step_mode(route: str, compiled: bool) -> str:
-    """How an exact run's steps run, for its stats and the comparisons' match."""
-    if route == "fixed":
-        return f"exact fixed {SHAPE} {'compiled' if compiled else 'eager'}"
-    return "exact rows: one call per token row and per query"
+    """How an exact run's steps run, for its stats and the comparisons' match (``engine.steps``)."""
+    return exact_step_mode(route, SHAPE, compiled)
 
 
 def capacity_rows(rows: int) -> int:

@@ -39,6 +39,7 @@ from engine.runtime.gguf import GGUFError, Progress, is_gguf, local_folder
 from engine.runtime.markers import ThinkMarkers, chat_prompt_ids, find_markers
 from engine.runtime.rope import rope_of
 from engine.runtime.tokenizer_folder import load_tokenizer
+from engine.steps import COMPILED, EAGER
 
 
 class ModelLoadError(RuntimeError):
@@ -264,7 +265,7 @@ class LoadedModel:
         mode's route ("exact fixed 8x32 compiled", "exact rows: ...")."""
         if self.exact:
             return fixed.step_mode(self.exact, self.compiled is not None)
-        return "compiled" if self.compiled is not None else f"eager: {self.compile_why}"
+        return COMPILED if self.compiled is not None else f"{EAGER}: {self.compile_why}"
 
     @property
     def compile_seconds(self) -> float:

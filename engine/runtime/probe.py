@@ -69,6 +69,7 @@ from engine.runtime.batch import RowBatch, unshared
 from engine.runtime.cache import checkpoint, layout, threshold_length, tolerance, unknown_layer_kinds
 from engine.runtime.gguf import Progress, cache_dir
 from engine.runtime.model import LoadedModel, SSRUnsupportedError
+from engine.steps import K_TOKENS, ONE_TOKEN
 
 
 class MethodRefused(SSRUnsupportedError):
@@ -127,8 +128,8 @@ class Capabilities:
         holes = self.check("holes")
         rows = "" if holes is None or holes.ok else f"; rows hold no holes: this model's mask does not hide them ({holes})"
         if not self.one_token_steps:
-            return "k tokens per forward" + rows
-        return f"one token per step: this model's multi-token forward ignores its state ({self.check('multi-token')})" + rows
+            return K_TOKENS + rows
+        return f"{ONE_TOKEN}: this model's multi-token forward ignores its state ({self.check('multi-token')})" + rows
 
     def failed(self, rollbacks: bool = True) -> list[Check]:
         """The failed checks a method depends on. Plain decoding (``rollbacks`` false) needs
