@@ -25,7 +25,7 @@ from pathlib import Path
 from engine.config import RunConfig
 from engine.events import DoneEvent, Event
 from engine.llamacpp.model import LlamaModel
-from engine.methods import baseline, peers
+from engine.methods import baseline, peers, sd
 from engine.methods.budget import budget_cut
 from engine.methods.contract import IN_PROCESS, Decoder, Method, Models
 from engine.methods.exit import budget as exit_budget
@@ -68,7 +68,7 @@ def register_file(path: str | Path) -> Method:
     return register(module.METHOD)
 
 
-for _m in (baseline.METHOD, *ssr.METHODS, exit_budget.METHOD, *peers.METHODS, *rsd.METHODS):
+for _m in (baseline.METHOD, *ssr.METHODS, exit_budget.METHOD, *peers.METHODS, *rsd.METHODS, sd.METHOD, peers.ASSISTED):
     register(_m)
 for _path in filter(None, os.environ.get(ENV, "").split(os.pathsep)):
     register_file(_path)

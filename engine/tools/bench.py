@@ -208,7 +208,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                     help="the weights' precision for every method (default: bfloat16 on a GPU, float32 on the CPU)")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    ap.add_argument("--draft-model", default="tiny-reasoner-draft", help="RSD's draft model")
+    ap.add_argument("--draft-model", default="tiny-reasoner-draft", help="the draft model (rsd, draft, sd, hf-assisted)")
     ap.add_argument("--prm", default="tiny-prm", help="RSD's PRM: a math-shepherd-format model, a "
                     "Qwen2.5-Math-PRM id (needs --trust-remote-code) or 'target-likelihood'")
     ap.add_argument("--trust-remote-code", action="store_true", help="allow a PRM's own modelling code to run")

@@ -38,7 +38,7 @@ def check_pair(target: ModelBackend, draft: ModelBackend) -> None:
     """Draft and target must share a tokenizer: same vocabulary, same ids."""
     if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
         raise ValueError(f"draft model {draft.model_id} and target model {target.model_id} do not share a "
-                         "tokenizer: RSD needs identical vocabularies")
+                         "tokenizer: a draft model's proposals need identical vocabularies")
 
 
 def decode_rsd(target, draft, scorer, prompt: str, cfg: RunConfig, mode: str = "rsd",
