@@ -97,3 +97,12 @@ def test_the_studio_example_buttons_are_answered_right_by_the_model_they_name(tm
             assert not final.view.cut, (prompt, final.view.cut)  # answered within its budgets
             graded += 1
     assert graded == 5
+
+
+def test_the_front_door_has_the_title_and_both_commands_on_its_first_screen():
+    """A new user's first screen: the title, then the install-and-launch and the test commands, within the
+    README's first 25 lines (the Space's front matter above them)."""
+    head = README.splitlines()[:25]
+    assert any(line.startswith("# SSR Studio") for line in head), head
+    assert any("pip install -r requirements.txt && python app.py" in line for line in head), head
+    assert any(line.startswith("pip install -r requirements-dev.txt") and "python -m pytest" in line for line in head)
