@@ -130,6 +130,8 @@ def _parameters(fn) -> list[str]:
     ("engine.runtime.model:LoadedModel", "StepModel"),
     ("engine.llamacpp.model:LlamaModel", "StepModel"),
     ("engine.remote.model:RemoteModel", "ModelBackend"),
+    ("engine.runtime.batch:RowBatch", "Rows"),  # the rows seam, on every in-process runtime
+    ("engine.llamacpp.rows:SeqRows", "Rows"),
 ])
 def test_backends_fit_the_seams(backend, seam):
     """Each backend has every member its seam declares, methods with the same parameters."""

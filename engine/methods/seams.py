@@ -65,6 +65,43 @@ class ModelBackend(Protocol):
 
 
 @runtime_checkable
+class Rows(Protocol):
+    """The rows of one batch in one cache: the seam every in-process runtime gives SSR's loop
+    (``StepModel.row_batch``: ``engine.runtime.batch.RowBatch`` on transformers, ``engine.llamacpp.rows.SeqRows``
+    on llama.cpp; the architecture test checks both against it). Row 0 is the row the others fork from.
+    A step is :meth:`forward` then :meth:`keep`; :meth:`fork` adds a copy of row 0, :meth:`select` keeps
+    some rows."""
+
+    positions: list[int]  # per row: the tokens it holds (its next position)
+    last_tokens: int  # tokens the last forward computed (padding and any re-encode included)
+
+    @property
+    def rows(self) -> int:
+        """How many rows the batch has."""
+        ...
+
+    def fork(self) -> None:
+        """Append a row that sees what row 0 sees."""
+        ...
+
+    def limits(self, owed: int) -> list[int] | None:
+        """Per row, the most tokens it may be fed this step (None: no limit), ``owed`` already owed by row 0."""
+        ...
+
+    def forward(self, feeds: list[list[int]]) -> torch.Tensor:
+        """Logits ``[rows, width, V]`` for each row's feed (padded to the widest)."""
+        ...
+
+    def keep(self, kept: list[int]) -> None:
+        """How many of its fed tokens each row keeps (the rest are rolled back or hidden)."""
+        ...
+
+    def select(self, keep: list[int]) -> None:
+        """Keep the rows ``keep`` (in that order); a lone row left goes on as a plain one-row cache."""
+        ...
+
+
+@runtime_checkable
 class StepModel(ModelBackend, Protocol):
     model: torch.nn.Module  # the transformers module, used only through its public forward / generate
     num_parameters: int
@@ -88,10 +125,9 @@ class StepModel(ModelBackend, Protocol):
         """Logits ``[T, V]`` for one row's ``tokens`` appended to ``cache`` (``[1, V]`` with ``last_only``)."""
         ...
 
-    def row_batch(self, cache: Any, length: int, ids: list[int] | None = None, shared: bool = False) -> Any:
-        """The rows of ``cache``, one row holding ``length`` tokens (``ids``), as
-        ``engine.runtime.batch.RowBatch``'s contract gives them: ``fork``, ``limits``, ``forward``,
-        ``keep``, ``select``, ``rows``, ``positions``, ``last_tokens``; ``shared``: forks share the prefix."""
+    def row_batch(self, cache: Any, length: int, ids: list[int] | None = None, shared: bool = False) -> Rows:
+        """The rows of ``cache``, one row holding ``length`` tokens (``ids``): :class:`Rows`; ``shared``: forks
+        share the prefix."""
         ...
 
     def unshared(self) -> str | None:
