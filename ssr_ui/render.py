@@ -406,7 +406,9 @@ class TraceView:
         fork = self.draft_forks.get(which, 0)
         agreed = (f' · <span class="exit-agreed" title="one of the drafts whose answers agreed: the early exit">'
                   f'■ agreed ({esc(self.exit_words())})</span>' if which in self.exit_drafts() else "")
-        head = f'<div class="pane-note">{esc(f"draft {which} · forked after {fork} reasoning tokens")}{agreed}</div>'
+        words = (f"draft {which} · forked after {fork} reasoning tokens" if which in self.draft_forks
+                 else f"draft {which}: its proposals, round after round, struck through where the verifier disagreed")
+        head = f'<div class="pane-note">{esc(words)}{agreed}</div>'
         empty = "The draft is starting."
         if self.finished and not any(t.text.strip() for t in self.drafts[which]):  # say why there is nothing to show
             left = max(len(self.reasoning) - fork, 0)

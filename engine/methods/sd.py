@@ -31,7 +31,9 @@ proposals are draft 0 on the Draft pane, one stream for the whole run (written `
 drawn, then ``accepted`` or ``rejected`` by the verify that read them), so the pane reads as what the
 draft model wrote, struck through where the target disagreed. A token the target took from the draft
 is ``accepted`` with source "draft" (green, credited to the draft as ``RunStats.accepted``); its own
-pick is ``generated``. The verify's row names its proposer "draft model".
+pick is ``generated``. The verify's row names its proposer "draft model". The draft model's forwards are
+in the phase "drafting" (the time split's drafting share: what the proposals cost); no draft forks from
+the reasoning (``RunStats.drafts`` 0: the Draft pane's one stream is the draft model's, all run long).
 
 Choices (flagged): a fixed ``lookahead`` (``LOOKAHEAD``; no schedule, no confidence threshold: as
 transformers' "constant" schedule); the draft stops proposing at an end of sequence it drew; the
@@ -105,8 +107,6 @@ def decode_sd(target: StepModel, draft: StepModel, prompt: str, cfg: RunConfig,
         yield rec.phase("reasoning")
     else:  # no think markers, or thinking off: the run is its answer
         yield from budget.open_answer(rec)
-    yield rec.phase("drafting", DRAFT, at_token=0)
-    rec.stats.drafts = 1
     drafted = 0  # the Draft pane's tokens so far
     while not text.ended:
         # 2. propose: the draft draws up to `lookahead` tokens, each on the Draft pane as it comes
@@ -249,7 +249,7 @@ def _propose(rec: Recorder, dm: CachedModel, chooser: Chooser, text: list[int], 
     while len(proposal) < k and not (proposal and proposal[-1] in stop):
         t0, unread = rec.now(), [*text, *proposal][dm.length:]
         tok, probs = _draw(chooser, dm.feed(unread))
-        yield rec.forward(t0, [RowWork(DRAFT_ROW, len(unread), 1)])
+        yield rec.forward(t0, [RowWork(DRAFT_ROW, len(unread), 1)], phase="drafting")  # time the draft model took
         yield rec.token("draft", tok, draft=DRAFT)
         proposal.append(tok)
         q.append(probs)
@@ -264,7 +264,8 @@ def _roll_back(rec: Recorder, model: CachedModel, row: str, text: list[int]) -> 
     seen = len(model.spans)
     model.rollback(min(same, len(text) - 1))
     for span in model.spans[seen:]:
-        yield rec.forward(span.start - rec.t0, [RowWork(row, span.fed)], end=span.end - rec.t0)
+        yield rec.forward(span.start - rec.t0, [RowWork(row, span.fed)], end=span.end - rec.t0,
+                          phase="drafting" if row == DRAFT_ROW else None)
 
 
 METHOD = Method("sd", "Speculative decoding", "classic speculative decoding: a draft model proposes "
