@@ -225,3 +225,22 @@ def test_learned_positions_keep_a_shared_cache_within_them():
     lm = _thinking(_tiny("gpt2"), cfg)
     ssr, _ = _same(lm, cfg, "shared")
     assert "more than the model's 512 positions" in ssr.stats.forks, ssr.stats.forks
+
+
+def test_the_cache_is_sized_by_one_pure_function():
+    """``size_cache``: no drafts, one row of the run's capacity; drafts that may share, one row of the main
+    row's budgets and the drafts live at once; drafts that must copy, or a shared cache past a learned-position
+    model's context, one row per draft, each of the capacity, and the reason said."""
+    from engine.methods.ssr.loop import run_tokens, size_cache
+    from tests.tiny import make_model
+
+    markers, cfg = make_model("llama").markers, RunConfig(max_think=40, max_answer=20, num_drafts=3, draft_start=8)
+    alone = size_cache(cfg, markers, 10, 0, None, False, False, 2048)
+    assert (alone.slots, alone.rows, alone.shared) == (alone.capacity, 1, False)
+    assert alone.capacity == 10 + run_tokens(cfg, markers, 0) + max(cfg.max_spec, cfg.think_spec) + 1
+    shared = size_cache(cfg, markers, 10, 3, None, False, False, 2048)
+    assert shared.rows == 1 and shared.shared and shared.copied is None and shared.slots > alone.capacity
+    copied = size_cache(cfg, markers, 10, 3, "its cache cannot share", False, False, 2048)
+    assert (copied.rows, copied.shared, copied.copied) == (4, False, "its cache cannot share")
+    tight = size_cache(cfg, markers, 10, 3, None, True, False, shared.slots - 1)
+    assert tight.rows == 4 and "more than the model's" in tight.copied

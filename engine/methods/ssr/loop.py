@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -101,47 +102,29 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
     book = ledger(store, cfg) if drafts and budget_class is SSRBudget else None
     decision = plan(book, cfg) if book is not None and cfg.drafting == "auto" else None
     planned = 0 if not drafts else decision.drafts if decision is not None else cfg.num_drafts
-    drafts_end = min(fork_point(cfg, planned - 1), cfg.max_think) + cfg.max_draft if planned else 0  # the last draft's
-    new_tokens = len(markers.close_ids) + max(cfg.max_think + cfg.max_answer, drafts_end) if cfg.thinking \
-        else cfg.max_answer
+    new_tokens = run_tokens(cfg, markers, planned)
     lm.check_fits(len(prompt_ids), new_tokens)
     lm.rope.check_speculation(len(prompt_ids) + new_tokens, lm.model_id, lm.layout.recurrent)  # past a RoPE switch
     caps = require(lm, "SSR")  # measured on this model once: refused here, never a crash or divergence mid-run
     lm.begin_run(cfg.exact_mode, cfg.compile)
     warm = store.begin(cfg, method)  # a kind's first run is cold: it teaches nothing (engine.methods.ssr.evidence)
-    past_end = max(cfg.max_spec, cfg.think_spec) + 1  # room for a verify past the end
-    capacity = len(prompt_ids) + new_tokens + past_end
     # the drafts read the main row's prefix from one buffer row where the model allows (engine.runtime.batch,
     # shared forks); else each holds a copy of it
-    copied = lm.unshared() if planned else None
-    shared = bool(planned) and copied is None
-    if shared:  # (slots, rows): one row, holding the main row's budgets and the drafts live at once
-        main_slots = len(prompt_ids) + len(markers.close_ids) + cfg.max_think + cfg.max_answer + past_end
-        # learned absolute positions: the model may keep buffers of its positions' size and index them by slot, so
-        # the cache is sized for the most drafts that can be live at once (it must not grow), and must fit them
-        learned = lm.learned_positions
-        opening = len(markers.close_ids) + len(markers.tail_ids)
-        # a cache whose departed drafts keep their slots to the end (llama.cpp's, engine.llamacpp.rows) holds them all
-        cache_size = main_slots + shared_slots(cfg, planned, opening, per_step=1 + cfg.think_spec if learned else 1,
-                                               every=lm.forks_stay), 1
-        if learned and cache_size[0] > lm.context_length:
-            shared, copied = False, (f"a shared cache would hold {cache_size[0]} slots, more than the model's "
-                                     f"{lm.context_length} positions")
-    if not shared:  # every row holds the longest row's slots: the main row's, or the last draft's
-        cache_size = capacity, 1 + planned
+    size = size_cache(cfg, markers, len(prompt_ids), planned, lm.unshared() if planned else None,
+                      lm.learned_positions, lm.forks_stay, lm.context_length)
     rec = Recorder(lm.tokenizer, method, len(prompt_ids), lm.device)
     # before the clock starts: every shape (rows x width) the run can meet
-    yield from rec.compiling(lm.prepare_steps(capacity, 1 + planned,
+    yield from rec.compiling(lm.prepare_steps(size.capacity, 1 + planned,
                                               max(cfg.think_spec, len(markers.close_ids)) + 1))
     rec.start_clock(lm.step_mode)
     rec.stats.verify = caps.verify
-    rec.stats.forks = "" if not planned else "shared prefix" if shared else f"copied prefix: {copied}"
+    rec.stats.forks = "" if not planned else "shared prefix" if size.shared else f"copied prefix: {size.copied}"
     rec.stats.drafting = decision.why if decision is not None else "" if cfg.thinking else \
         "none: thinking off, so no reasoning to draft from; the answer's lookups read the prompt"
     index = SuffixIndex(cfg.min_match)
     index.extend("prompt", prompt_ids)
     state = _State(lm, cfg, rec, index, Chooser(cfg.temperature, cfg.top_p, cfg.seed),
-                   Chooser(cfg.temperature, cfg.top_p, cfg.seed + 1), cache_size, planned,
+                   Chooser(cfg.temperature, cfg.top_p, cfg.seed + 1), (size.slots, size.rows), planned,
                    costs(store, cfg).view(learn=not cfg.reproducible), widths_by_cost=budget_class is SSRBudget)
     budget = budget_class(markers if cfg.thinking else None, cfg, state)  # thinking off: nothing to force
     yield rec.phase("prefill")
@@ -149,7 +132,7 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
         t0 = rec.now()
         lm.step_logits(prompt_ids[:-1], state.cache, 0, last_only=True)
         yield rec.forward(t0, [RowWork("main", len(prompt_ids) - 1)], tokens=len(prompt_ids) - 1)
-    state.batch = lm.row_batch(state.cache, len(prompt_ids) - 1, prompt_ids[:-1], shared=shared)
+    state.batch = lm.row_batch(state.cache, len(prompt_ids) - 1, prompt_ids[:-1], shared=size.shared)
     if cfg.thinking:
         yield from _reason_and_draft(state, budget, prompt_ids[-1])
     else:  # the prompt closed the think block itself: its last token is the answer's first input
@@ -378,6 +361,48 @@ def _draft_takes(s: _State, row: Row, step: RowStep, budget: SSRBudget) -> Itera
         if d.finished:
             break
     row.unfed = [] if d.finished else step.tokens[-1:]
+
+
+def run_tokens(cfg: RunConfig, markers, planned: int) -> int:
+    """The most tokens an SSR run of ``planned`` drafts writes after its prompt: the reasoning, the forced
+    marker and the answer, or the last draft's end where it reaches further (the cache and context room a run
+    asks for); with thinking off, the answer alone."""
+    if not cfg.thinking:
+        return cfg.max_answer
+    drafts_end = min(fork_point(cfg, planned - 1), cfg.max_think) + cfg.max_draft if planned else 0  # the last draft's
+    return len(markers.close_ids) + max(cfg.max_think + cfg.max_answer, drafts_end)
+
+
+@dataclass(frozen=True)
+class CacheSize:
+    """One SSR run's cache, sized before it runs (:func:`size_cache`)."""
+
+    capacity: int  # the prompt, :func:`run_tokens` and room for a verify past the end: the step shapes' length
+    slots: int  # the cache's slots per row...
+    rows: int  # ...and its rows: one when the drafts share it, else the main row and every planned draft
+    shared: bool  # the drafts read the main row's prefix from its one buffer row (engine.runtime.batch)
+    copied: str | None  # why each draft holds a copy of the prefix instead (None: shared, or no drafts)
+
+
+def size_cache(cfg: RunConfig, markers, prompt: int, planned: int, unshared: str | None, learned: bool,
+               forks_stay: bool, context: int) -> CacheSize:
+    """The cache of a run of ``prompt`` tokens and ``planned`` drafts, on a model whose forks must copy the
+    prefix for the reason ``unshared`` (None: they may share it), whose positions are ``learned`` (bounded by
+    its ``context``: the shared cache is sized for the most drafts live at once, and must fit them), and whose
+    departed drafts keep their slots to the end (``forks_stay``: llama.cpp's cells, ``engine.llamacpp.rows``)."""
+    past_end = max(cfg.max_spec, cfg.think_spec) + 1  # room for a verify past the end
+    capacity = prompt + run_tokens(cfg, markers, planned) + past_end
+    if not planned:
+        return CacheSize(capacity, capacity, 1, False, None)
+    if unshared is None:  # one row, holding the main row's budgets and the drafts live at once
+        main = prompt + len(markers.close_ids) + cfg.max_think + cfg.max_answer + past_end
+        opening = len(markers.close_ids) + len(markers.tail_ids)
+        slots = main + shared_slots(cfg, planned, opening, per_step=1 + cfg.think_spec if learned else 1,
+                                    every=forks_stay)
+        if not (learned and slots > context):
+            return CacheSize(capacity, slots, 1, True, None)
+        unshared = f"a shared cache would hold {slots} slots, more than the model's {context} positions"
+    return CacheSize(capacity, capacity, 1 + planned, False, unshared)  # every row holds the longest row's slots
 
 
 def shared_slots(cfg: RunConfig, planned: int, opening: int, per_step: int = 1, every: bool = False) -> int:
