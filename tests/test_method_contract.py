@@ -129,3 +129,9 @@ def test_the_studio_offers_a_method_from_its_file(method_file, tmp_path, monkeyp
         echo_id = max(i for i, m in runs if m == "echo")
         replayed = client.predict(rid=echo_id, api_name="/replay")
         assert "echo" in json.dumps(replayed, default=str).lower()
+        # the Benchmark tab offers it and runs it beside baseline, every run logged
+        status = client.predict(dataset="bundled-arithmetic", upload=None, methods=["baseline", "echo"], limit=1,
+                                question_field="", answer_field="", max_think=40, max_answer=20,
+                                api_name="/benchmark")[0]
+        assert "every run logged" in status, status
+        assert [m for _, m in query(db, "SELECT id, method FROM runs ORDER BY id")].count("echo") == 3
