@@ -113,12 +113,12 @@ def on_ssr_loop(names) -> list[str]:
 
 def writes_steps(name: str) -> bool:
     """Whether ``name`` writes whole reasoning steps (RSD's family; an unknown name, say an old log's: no)."""
-    return name in REGISTERED and REGISTERED[name].steps
+    return (method := known(name)) is not None and method.steps
 
 
 def is_lossy(name: str) -> bool:
     """Whether a run of ``name`` may differ from baseline's by design (an unknown name: not known lossy)."""
-    return name in REGISTERED and not REGISTERED[name].exact
+    return (method := known(name)) is not None and not method.exact
 
 
 def rsd_writer(lm: LoadedModel | RemoteModel, cfg: RunConfig, capacity: int, role: str) -> StepWriter:

@@ -21,20 +21,25 @@ ON_SERVER, CLIENT_SIDE = "on the server", "client-side"  # over a vLLM server: i
 
 
 @dataclass(frozen=True)
-class StepMode:
-    """``RunStats.step_mode`` read: where the forwards ran (a backend's own words), compiled or eager, and
-    exact mode's route."""
+class _Words:
+    """One of the engine's RunStats sentences, read: its ``text`` as written (a run logged empty: "")."""
 
     text: str
 
     @classmethod
-    def of(cls, text: str | None) -> StepMode:
+    def of(cls, text: str | None):
         return cls(text or "")
 
     @property
     def head(self) -> str:
-        """The words before any reason ("eager: <why>" -> "eager"): what two runs must share to compare."""
+        """The words before any reason ("eager: <why>" -> "eager", "on the server: ..." -> "on the server")."""
         return self.text.split(":")[0]
+
+
+@dataclass(frozen=True)
+class StepMode(_Words):
+    """``RunStats.step_mode`` read: where the forwards ran (a backend's own words), compiled or eager, and
+    exact mode's route; its :attr:`head` is what two runs must share to compare."""
 
     @property
     def backend(self) -> bool:
@@ -61,15 +66,9 @@ def exact_step_mode(route: str, shape: str, compiled: bool) -> str:
 
 
 @dataclass(frozen=True)
-class Verify:
+class Verify(_Words):
     """``RunStats.verify`` read: how a run's verifies ran (k tokens per forward, one token per step on a model
     whose multi-token forward cannot be trusted, the server's own speculation or a request per proposal)."""
-
-    text: str
-
-    @classmethod
-    def of(cls, text: str | None) -> Verify:
-        return cls(text or "")
 
     @property
     def one_token(self) -> bool:
@@ -79,8 +78,3 @@ class Verify:
     def remote(self) -> bool:
         """Over a vLLM server (the server's speculation, or a verify request per proposal)."""
         return self.text.startswith((ON_SERVER, CLIENT_SIDE))
-
-    @property
-    def head(self) -> str:
-        """Its first words, without the reason: "on the server", "client-side", "one token per step"."""
-        return self.text.split(":")[0]

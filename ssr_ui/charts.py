@@ -20,9 +20,8 @@ from engine.forwards import merge
 from engine.registry import methods as registered
 from engine.runlog.compare import match_key, matching_baselines, pool, run_time
 
-METHOD_COLORS = {m.name: m.color for m in registered()}  # each method's own (Method.color), by name and by label
-COLORS = {**METHOD_COLORS, **{k.capitalize(): v for k, v in METHOD_COLORS.items()},
-          **{m.label: m.color for m in registered()}, "accepted": "#16a34a", "recovered": "#d97706",
+METHOD_COLORS = {m.name: m.color for m in registered()}  # each method's own (Method.color); COLORS adds its label
+COLORS = {**METHOD_COLORS, **{m.label: m.color for m in registered()}, "accepted": "#16a34a", "recovered": "#d97706",
           "lookups": "#0284c7", "generated": "#9ca3af"}
 # the legend goes at the figure's foot, under the x axis' title (never over it, the title or a second axis): placed
 # on the container, not the plot (a paper fraction below the plot ran into the acceptance chart's slanted tick labels),
