@@ -1,8 +1,10 @@
 """Traces exported by an earlier release still import, replay and export: ``tests/data/trace-v17-*.json``
 were written by the studio as it was at run-log schema 17 (commit ea51161: an SSR and an RSD run on
 the tiny test models, exported with History's JSON export), before the trace schema, the per-proposer
-counts and the thinking setting existed. An import validates them, folds them into the panes, draws
-the strip and the timeline, and writes the HTML export, with no field refused."""
+counts and the thinking setting existed; ``trace-v18-*.json`` at schema 18 (commit f3c6f9e: SSR, SSR
+early exit, RSD and sd, before the run's counters became per-method records). An import validates
+them, folds them into the panes, draws the strip and the timeline, and writes the HTML export, with no
+field refused."""
 
 from __future__ import annotations
 
@@ -14,18 +16,19 @@ import pytest
 from ssr_ui.export import run_from_json, run_to_html
 
 DATA = Path(__file__).parent / "data"
-OLD = sorted(DATA.glob("trace-v17-*.json"))
+OLD = sorted(DATA.glob("trace-v*-*.json"))
 
 
 def test_the_committed_traces_are_there():
-    assert [p.name for p in OLD] == ["trace-v17-rsd.json", "trace-v17-ssr.json"]
+    assert [p.name for p in OLD] == ["trace-v17-rsd.json", "trace-v17-ssr.json", "trace-v18-rsd.json",
+                                     "trace-v18-sd.json", "trace-v18-ssr-exit.json", "trace-v18-ssr.json"]
 
 
 @pytest.mark.parametrize("path", OLD, ids=lambda p: p.stem)
-def test_a_trace_of_schema_17_imports_replays_and_exports(studio, path, tmp_path):
+def test_an_earlier_schemas_trace_imports_replays_and_exports(studio, path, tmp_path):
     text = path.read_text(encoding="utf-8")
     row, events = run_from_json(text)  # the schema's checks: nothing refused
-    assert row["method"] in ("ssr", "rsd") and events
+    assert row["method"] == path.stem.split("-", 2)[2] and events
     frame = studio.import_trace(str(path))
     assert "error" not in frame.metrics.lower(), frame.metrics
     for stream, pane in (("reasoning", frame.reasoning), ("answer", frame.answer)):  # every token drawn
