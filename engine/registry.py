@@ -91,6 +91,12 @@ def known(name: str) -> Method | None:
     return REGISTERED.get(name)
 
 
+def label_of(name: str) -> str:
+    """How the page names the method ``name``: its label, or the name itself for a method not registered here
+    (a run logged or exported elsewhere: shown, never refused)."""
+    return method.label if (method := known(name)) else name
+
+
 def check_method(name: str) -> str:
     return method_of(name).name
 

@@ -13,6 +13,7 @@ import io
 import json
 
 from engine.events import RunStats
+from engine.registry import label_of
 from ssr_ui.render import LEGEND, TraceView, esc, metrics_html
 from ssr_ui.timeline import TIMELINE_JS, stats_html, timeline_html
 from ssr_ui.trace_schema import FORMAT, parse_trace
@@ -82,7 +83,7 @@ def run_to_html(row: dict, events: list, css: str, metrics: str | None = None) -
     config = row.get("config")
     config = json.loads(config) if isinstance(config, str) else config or {}
     settings = " · ".join(f"{esc(str(k))} {esc(_fact(v))}" for k, v in sorted(config.items()))
-    strip = metrics if metrics is not None else metrics_html(view, str(row.get("method") or "?"))
+    strip = metrics if metrics is not None else metrics_html(view, label_of(str(row.get("method") or "?")))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>SSR Studio trace #{esc(str(row.get("id", "")))}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:24px;max-width:1400px}}

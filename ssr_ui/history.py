@@ -17,6 +17,7 @@ from pathlib import Path
 from engine.config import RunConfig, number
 from engine.events import RunStats
 from engine.runlog import prompt_hash
+from engine.registry import label_of
 from engine.runlog.compare import finished, slow_runs
 from ssr_ui.export import logged_view
 from ssr_ui.frame import Frame
@@ -148,7 +149,7 @@ class PastRuns:
                 done = _Done(view.stats, row.get("answer_text") or "", [t.token_id for t in view.reasoning],
                              [t.token_id for t in view.answer])  # its tokens: checked against baseline's one by one
                 compare = self.compare_to_baseline(run, done, cfg)
-        frame = Frame.of(view, metrics_html(view, str(row.get("method", "?")), compare))
+        frame = Frame.of(view, metrics_html(view, label_of(str(row.get("method") or "?")), compare))
         return dataclasses.replace(frame, prompt=str(row.get("prompt", "")))
 
 

@@ -135,3 +135,55 @@ def test_the_studio_offers_a_method_from_its_file(method_file, tmp_path, monkeyp
                                 api_name="/benchmark")[0]
         assert "every run logged" in status, status
         assert [m for _, m in query(db, "SELECT id, method FROM runs ORDER BY id")].count("echo") == 3
+
+
+
+LANES = "[...document.querySelectorAll('#ID .tl-label')].map(e => e.innerText)"
+
+
+def test_a_method_from_its_file_in_the_browser_timeline_history_export_and_import(method_file, tmp_path, monkeypatch,
+                                                                                    browser):
+    """The page as a user drives it: Echo is a choice on the Run tab and its run draws the timeline;
+    History lists it, shows it with its timeline, exports it as JSON and as HTML (named by its label),
+    and the JSON imports back into the same view."""
+    monkeypatch.setenv(ENV, str(method_file))
+    with launched(tmp_path) as (url, db, _proc):
+        page = browser.new_page(viewport={"width": 1400, "height": 1200})
+        page.goto(url)
+        page.wait_for_selector("#method", timeout=60_000)
+        page.get_by_label("Prompt").fill(PROMPT)
+        page.locator("#method").get_by_label("Echo", exact=True).check()
+        page.get_by_role("button", name="Run", exact=True).click()
+        page.wait_for_function("!document.querySelector('#stop').disabled", timeout=30_000)
+        page.wait_for_function("document.querySelector('#stop').disabled", timeout=180_000)
+        assert "Echo" in page.locator(".strip").first.inner_text()
+        assert page.evaluate(LANES.replace("ID", "timeline")) == ["main"]
+        assert page.locator("#timeline .tl-bar").count() > 0, "every forward is a bar"
+        (rid,), = query(db, "SELECT id FROM runs WHERE method = 'echo'")
+        page.get_by_role("tab", name="History").click()
+        page.get_by_role("button", name="Refresh").click()
+        page.wait_for_function("document.querySelector('.history-table').innerText.includes('echo')", timeout=30_000)
+        page.get_by_label("Run id").fill(str(rid))
+        page.get_by_role("button", name="Show this run").click()
+        page.wait_for_function(f"{LANES.replace('ID', 'history-timeline')}.length === 1", timeout=30_000)
+        assert page.locator("#history-timeline .tl-bar").count() > 0
+        exported = {}
+        for kind in ("JSON", "HTML"):
+            page.get_by_role("button", name=f"Export {kind}").click()
+            link = page.locator(".block", has_text="Exported file").locator(f"a[href*='.{kind.lower()}']").first
+            link.wait_for(timeout=30_000)
+            exported[kind] = page.request.get(link.get_attribute("href")).text()
+        doc = json.loads(exported["JSON"])
+        assert doc["run"]["method"] == "echo" and doc["events"]
+        assert "Echo" in exported["HTML"] and "Final answer" in exported["HTML"]
+        # the import: a fresh page, the exported file, the run shown again with its strip and timeline
+        page.goto(url)
+        page.wait_for_selector("#method", timeout=60_000)
+        page.get_by_role("tab", name="History").click()
+        path = tmp_path / "echo-trace.json"
+        path.write_text(exported["JSON"], encoding="utf-8")
+        page.locator(".block", has_text="Import a JSON trace").locator("input[type=file]").set_input_files(str(path))
+        page.wait_for_function(f"{LANES.replace('ID', 'history-timeline')}.length === 1", timeout=60_000)
+        assert page.get_by_text("Echo", exact=True).count() > 0, "the imported run's strip names its method"
+        assert page.get_by_text("Error", exact=True).count() == 0
+        page.close()

@@ -1,7 +1,7 @@
 """What a row and a verify width cost on llama.cpp, measured on the loaded model: the median time
 of a batch of ``rows`` sequences fed one token each, and of one sequence fed ``width`` tokens, at
 ``context`` tokens of context, each over the same one-token step (where speculation pays on this
-runtime follows from these: docs/BENCHMARKS.md "llama.cpp").
+runtime follows from these: docs/BENCHMARKS.md "llama.cpp as a runtime").
 
 >>> costs(lm)["widths"][9]   # a 9-token verify, in one-token steps
 """

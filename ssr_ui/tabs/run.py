@@ -86,7 +86,7 @@ def runtime_info() -> str:
     """The Runtime box's info: what each runtime runs, or how to install llama.cpp's."""
     if llama_lib.missing() is None:
         return ("transformers: torch, any model; llama.cpp: a GGUF file (a registry model, a .gguf path) on "
-                "llama.cpp's own kernels (docs/BENCHMARKS.md 'llama.cpp')")
+                "llama.cpp's own kernels (docs/BENCHMARKS.md 'llama.cpp as a runtime')")
     return (f"llama.cpp is not installed here: {llama_lib.INSTALL}; then reload this page (checked again on "
             "every page load: no restart needed)")
 
