@@ -7,7 +7,8 @@ separated by ``os.pathsep``, each a Python file that defines ``METHOD``, loaded 
 imported, so the bench, the studio and a test's subprocess all see it). Everything else reads the
 records: :func:`method_of`, :func:`methods`, and the refusals below.
 
-``decoder(name, target, draft, scorer)`` returns a callable ``(prompt, cfg) -> events``. This is the
+``decoder(name, target, draft, scorer, evidence)`` returns a callable ``(prompt, cfg) -> events``
+(``evidence``: the store SSR's loop learns in, None for the target's own). This is the
 composition root that joins a method to its backend (a method never imports one): a target on a vLLM
 server (``engine.remote``) runs ``baseline`` and ``ssr`` built for a server (:data:`SERVED`), and a
 step-writing method's models each write on their server or in process (:func:`rsd_writer`, handed to
@@ -160,7 +161,8 @@ def not_answer_only(name: str, target: LoadedModel | LlamaModel | RemoteModel) -
     return answer_only_refusal(target.markers, target.model_id)
 
 
-def decoder(name: str, target: LoadedModel | LlamaModel | RemoteModel, draft=None, scorer=None) -> Decoder:
+def decoder(name: str, target: LoadedModel | LlamaModel | RemoteModel, draft=None, scorer=None,
+            evidence=None) -> Decoder:
     method = method_of(name)
     if isinstance(target, RemoteModel) and (why := not_on_a_server(name)):
         raise ValueError(why)
@@ -171,7 +173,7 @@ def decoder(name: str, target: LoadedModel | LlamaModel | RemoteModel, draft=Non
     elif isinstance(target, RemoteModel) and name in SERVED:
         run = partial(SERVED[name], target)
     else:
-        run = method.start(Models(target, draft, scorer, writer=rsd_writer))
+        run = method.start(Models(target, draft, scorer, writer=rsd_writer, evidence=evidence))
     return partial(_noting_cuts, run, method, target)
 
 

@@ -150,13 +150,13 @@ class BenchmarkRuns:
         for status in self.loading(name, runtime=self.runtime):  # a first load (a GGUF file's conversion) says how it goes
             yield BenchFrame(progress_html(0, 1, f"loading {name}… {status}"))
         lm = self.model(model_name, self.runtime)
-        models = self._bench_models(lm, methods, draft_model, prm)
+        models = {**self._bench_models(lm, methods, draft_model, prm), "evidence": self.evidence(job, lm)}
         configs = {EXIT: with_exit_probes(cfg, name)} if EXIT in methods else {}  # drafts enough to agree
         bench = Bench(models, methods, cfg, configs, log=self.log, dataset=label, origin="app",
                       visitor=self.visitor(job.session))
         settings_used = {m: bench.config(m).to_dict() for m in bench.methods}  # the charts group runs by them
         total = bench.total(problems, int(repeat))
-        ticket = yield from self.in_line(job, lambda words: BenchFrame(progress_html(0, total, words)), lm, name)
+        ticket = yield from self.in_line(job, lambda words: BenchFrame(progress_html(0, total, words)))
         if not ticket.held:
             yield BenchFrame(progress_html(0, total, "stopped while in line for the model: nothing ran"))
             return
@@ -177,7 +177,7 @@ class BenchmarkRuns:
                 """A run's events, once the model is this job's turn (a shared studio: :meth:`_turn`)."""
                 nonlocal ticket
                 if self.public.on:
-                    ticket = self._turn(ticket, job, lm, name)
+                    ticket = self._turn(ticket, job)
                 yield from events
 
             for r in bench.runs(problems, int(repeat), stop=lambda: job.cancelled,
@@ -252,7 +252,7 @@ class BenchmarkRuns:
             models.update(scorer=self.scorer(prm), prm_name=prm)
         return models
 
-    def _turn(self, ticket: Ticket, job: Job, lm, name: str) -> Ticket:
+    def _turn(self, ticket: Ticket, job: Job) -> Ticket:
         """Before a benchmark's run on a shared studio: when other jobs wait for the model, give it
         to them and queue again behind them (a new ticket, once held; :class:`StoppedInLine` when the
         job is stopped meanwhile); else count what the job did since its hold or last lap began (its
@@ -261,7 +261,7 @@ class BenchmarkRuns:
             self.line.lap(ticket)
             return ticket
         self.line.release(ticket)
-        ticket = _returned(self.in_line(job, str, lm, name))
+        ticket = _returned(self.in_line(job, str))
         if not ticket.held:
             raise StoppedInLine("stopped while in line for the model's next turn")
         return ticket

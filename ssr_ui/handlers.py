@@ -30,7 +30,7 @@ from engine.llamacpp.model import RUNTIME as LLAMA
 from engine.methods.exit.budget import NAME as EXIT
 from engine.methods.rsd.loop import check_pair
 from engine.methods.seams import StepModel
-from engine.methods.ssr.policy import kept_apart
+from engine.methods.ssr.evidence import Evidence
 from engine.presets import provenance, recommended_settings, with_exit_probes
 from engine.registry import decoder, is_lossy, method_of, not_answer_only, not_on_a_server
 from engine.registry import methods as registered
@@ -138,26 +138,28 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         self.jobs = Jobs()
         self.line = ModelLine()  # one job on the model at a time, the others in line (ssr_ui.waiting)
         self.public = public or Public()  # a shared studio's rules (ssr_ui.public); off: none
-        self._ledgers: dict[tuple, dict] = {}  # a shared studio's drafting ledgers, per (visitor, model) (in_line)
+        self._ledgers: dict[tuple, dict] = {}  # a shared studio's drafting ledgers, per (visitor, model) (evidence)
 
     def visitor(self, session: str | None) -> str | None:
         """Whose runs a browser or API session sees and logs (None: everyone's, public mode off)."""
         return self.public.visitor(session)
 
-    def in_line(self, job: Job, note, lm=None, model: str = "") -> Iterator:
+    def in_line(self, job: Job, note) -> Iterator:
         """Wait for the model in its line (``ssr_ui.waiting``), yielding ``note(status)`` meanwhile;
-        returns the ticket: held (the caller releases it), or not when the job was stopped in line.
-        On a shared studio, while the job holds ``lm`` (named ``model``), SSR's drafting ledger is
-        the visitor's own (``engine.methods.ssr.policy.kept_apart``): another visitor's runs neither
-        decide whether theirs draft nor appear in the numbers their strip gives."""
+        returns the ticket: held (the caller releases it), or not when the job was stopped in line."""
         ticket = Ticket()
         for words in self.line.wait(ticket, lambda: job.cancelled):
             yield note(words)
-        if ticket.held and self.public.on and lm is not None and not isinstance(lm, RemoteModel):
-            apart = kept_apart(lm, self._ledgers.setdefault((self.visitor(job.session), model), {}))
-            apart.__enter__()
-            ticket.undo.append(lambda: apart.__exit__(None, None, None))
         return ticket
+
+    def evidence(self, job: Job, lm) -> Evidence | None:
+        """The store SSR's loop learns in for ``job``'s runs of ``lm`` (None: the model's own). On a shared
+        studio, the visitor's: their own drafting ledgers beside the model's forward costs
+        (``Evidence.apart``), so another visitor's runs neither decide whether theirs draft nor appear
+        in the numbers their strip gives."""
+        if not self.public.on or isinstance(lm, RemoteModel):
+            return None
+        return Evidence.of(lm).apart(self._ledgers.setdefault((self.visitor(job.session), lm.model_id), {}))
 
     def vet(self, model: str | None = None, draft_model: str | None = None, prm: str | None = None) -> None:
         """On a shared studio, the names a visitor sent must be on the operator's list (one message,
@@ -204,7 +206,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
     def _run(self, prompt, method, model_name, draft_model, prm, job: Job, settings: dict,
              history=None, repeats=1) -> Iterator[Frame]:
         plan = yield from self._plan(prompt, method, model_name, draft_model, prm, settings, history, repeats)
-        ticket = yield from self.in_line(job, Frame.note, plan.lm, plan.model_name)
+        ticket = yield from self.in_line(job, Frame.note)
         if not ticket.held:  # stopped while in line: it leaves the line, nothing ran, nothing is logged
             yield Frame.of(TraceView(phase="stopped"), html_note("stopped while in line for the model: nothing ran"))
             return
@@ -349,7 +351,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                        draft_model=rsd.get("draft_name") if "draft" in used else None,
                        prm=rsd.get("prm_name") if "prm" in used else None)
         shown_at = drawn_at = 0.0
-        run = decoder(method, lm, rsd.get("draft"), rsd.get("scorer"))(prompt, cfg)
+        run = decoder(method, lm, rsd.get("draft"), rsd.get("scorer"), self.evidence(job, lm))(prompt, cfg)
         events = self.log.record(claimed(run, job, last), meta)
         try:
             try:
@@ -497,7 +499,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 yield load_html(f"loading {name}… {status}"), None
             lm = self.model(model_name, self.runtime)
             lm.require_markers()  # SSR on a model that does not reason: refused before the baseline runs
-            ticket = yield from self.in_line(job, lambda words: (html_note(words), None), lm, model_name)
+            ticket = yield from self.in_line(job, lambda words: (html_note(words), None))
             if not ticket.held:
                 yield html_note("sweep stopped while in line for the model: nothing ran"), None
                 return

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from engine.config import RunConfig, number
 from engine.events import RunStats
-from engine.runlog import prompt_hash
 from engine.registry import label_of
+from engine.runlog import prompt_hash
 from engine.runlog.compare import finished, slow_runs
 from ssr_ui.export import logged_view
 from ssr_ui.frame import Frame

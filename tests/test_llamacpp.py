@@ -85,7 +85,7 @@ def test_a_model_that_is_not_a_gguf_file_is_refused_on_llama_cpp():
 # --------------------------------------------------------------- measured on the loaded model
 def test_the_probe_finds_every_batch_shape_bit_identical_on_smollm2_and_keeps_it():
     lm = smollm2()
-    caps = lm._capabilities
+    caps = lm.capabilities
     assert {c.name for c in caps.checks} == {"last-only prefill", "verify widths", "wide", "split prefill", "rollback",
                                              "fork", "rows keeping different counts", "long context"}
     assert all(c.ok and c.diff == 0.0 for c in caps.checks), [str(c) for c in caps.checks]
@@ -101,7 +101,7 @@ def test_an_f16_kv_cache_is_measured_batch_dependent_past_512_cells_and_ssr_is_r
     cells: the probe measures it, SSR and exact mode are refused with the difference; plain
     decoding still runs."""
     lm = smollm2("f16")
-    long = lm._capabilities.check("long context")
+    long = lm.capabilities.check("long context")
     assert not long.ok and long.diff > 0
     cfg = RunConfig(max_think=16, max_answer=8, draft_start=4)
     with pytest.raises(MethodRefused, match="long context: max logit difference"):
@@ -114,18 +114,18 @@ def test_an_f16_kv_cache_is_measured_batch_dependent_past_512_cells_and_ssr_is_r
 def test_any_check_that_is_not_bit_identical_refuses_ssr_on_llama_cpp():
     """The torch probe routes around a failed multi-token or holes check; llama.cpp has no such
     route, so every one of its checks is one SSR needs."""
-    from engine.runtime.probe import Capabilities, Check
+    from engine.runtime.capabilities import Capabilities, Check
 
     lm = smollm2()
-    kept = lm._capabilities
+    kept = lm.capabilities
     try:
         for name in [c.name for c in kept.checks]:
-            lm._capabilities = Capabilities(tuple(Check(c.name, c.name != name, 0.5 if c.name == name else 0.0)
+            lm.capabilities = Capabilities(tuple(Check(c.name, c.name != name, 0.5 if c.name == name else 0.0)
                                                   for c in kept.checks), False, kept.tokens, 0.0, 0.0)
             with pytest.raises(MethodRefused, match=name):
                 next(iter(decoder("ssr", lm)(PROMPTS[0], RunConfig(max_think=16, max_answer=8, draft_start=4))))
     finally:
-        lm._capabilities = kept
+        lm.capabilities = kept
 
 
 def _one_token(lm, tokens: list[int], start: int, cache) -> torch.Tensor:

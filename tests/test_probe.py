@@ -8,6 +8,8 @@ deliberately broken rollback makes the probe refuse SSR and RSD.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -75,10 +77,10 @@ def test_one_token_steps_make_plain_decoding_right_too():
     lm = _fresh(family_model("jamba"))
     cfg = RunConfig(max_think=6, max_answer=8)
     done = list(decode_baseline(lm, "hello", cfg))[-1]
-    assert lm.one_token_steps
+    assert lm.capabilities.one_token_steps
     seq = lm.prompt_ids("hello") + done.reasoning_ids + done.answer_ids
     cache = lm.new_cache(len(seq) + 4)
-    lm.one_token_steps = False
+    lm.capabilities = dataclasses.replace(lm.capabilities, one_token_steps=False)
     prompt = len(lm.prompt_ids("hello"))
     logits = [lm.step_logits(seq[:prompt], cache, 0)[-1]]
     logits += [lm.step_logits([t], cache, prompt + j)[0] for j, t in enumerate(seq[prompt:-1])]
@@ -234,3 +236,22 @@ def test_ssr_counts_its_flops_from_the_tokens_it_feeds():
 def test_the_probe_agrees_with_the_families_already_tested(family):
     caps = capabilities(family_model(family))
     assert not caps.failed() and not caps.one_token_steps
+
+
+def test_the_probes_verdicts_are_one_frozen_record_on_the_model():
+    """The routes a run takes are read from the probe's record (``lm.capabilities``), derived from its
+    checks: nothing else on the model says them, and the record cannot be changed in place."""
+    from engine.runtime.capabilities import UNPROBED, Capabilities, Check
+
+    lm = _fresh(make_model("llama"))
+    assert lm.capabilities is UNPROBED and not (UNPROBED.one_token_steps or UNPROBED.holes_unsafe
+                                                  or UNPROBED.shared_unsafe)
+    caps = capabilities(lm)
+    assert lm.capabilities is caps and caps is not UNPROBED
+    assert not {"one_token_steps", "holes_unsafe", "shared_unsafe", "_capabilities"} & set(vars(lm))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        caps.one_token_steps = True
+    holes = Capabilities((Check("holes", False, 1.0), Check("shared forks", True, 0.0)), False, 8, 1e-3, 0.1)
+    assert holes.holes_unsafe and not holes.shared_unsafe and "rows hold no holes" in holes.verify
+    shared = Capabilities((Check("holes", True, 0.0), Check("shared forks", False, 1.0)), False, 8, 1e-3, 0.1)
+    assert shared.shared_unsafe and not shared.holes_unsafe and not shared.failed()  # a route, not a refusal

@@ -65,8 +65,8 @@ def test_a_later_load_reads_the_probe_back_instead_of_probing(cache, probes, fol
     assert read.cached == record["measured"] and read.cached in read.provenance
     assert read.checks == measured.checks and read.tokens == measured.tokens and read.verify == measured.verify
     # what the probe sets on the model comes back with it
-    assert (again.slot_bytes, again.one_token_steps, again.holes_unsafe) == \
-        (first.slot_bytes, first.one_token_steps, first.holes_unsafe)
+    assert (again.slot_bytes, again.capabilities.one_token_steps, again.capabilities.holes_unsafe) == \
+        (first.slot_bytes, first.capabilities.one_token_steps, first.capabilities.holes_unsafe)
     assert again._cache_plan == first._cache_plan
 
 

@@ -229,3 +229,12 @@ def test_the_bench_runs_reproducible_when_asked_and_the_log_keeps_it(tmp_path):
                                  "verify_proposed", "verify_accepted")}
               for r in rows]
     assert counts[0] == counts[1] and rows[0]["lookups"] == rows[1]["lookups"]
+
+
+def test_a_store_apart_has_its_own_ledgers_and_the_machines_costs():
+    """A shared studio's visitor gets ``Evidence.apart``: what their runs decide and show of drafting is
+    theirs, what a forward costs on this machine is everyone's."""
+    store = Evidence()
+    mine, theirs = store.apart({}), store.apart({})
+    assert mine.ledgers is not store.ledgers and mine.ledgers is not theirs.ledgers
+    assert mine.costs is store.costs and mine.paces is store.paces and mine.seen is store.seen

@@ -76,7 +76,7 @@ class Bench:
 
     def _decode(self, method: str):
         m = self.models
-        return decoder(method, m["target"], m.get("draft"), m.get("scorer"))
+        return decoder(method, m["target"], m.get("draft"), m.get("scorer"), m.get("evidence"))
 
     def runs(self, problems: list[Problem], repeat: int = 1, stop: Callable[[], bool] | None = None,
              wrap: Wrap | None = None) -> Iterator[dict]:

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(lm.step_mode)
-    for check in lm._capabilities.checks:
+    for check in lm.capabilities.checks:
         print(f"  {check}")
     print(said(costs(lm, args.context)))
     return 0

@@ -24,6 +24,7 @@ import torch
 from engine.llamacpp import lib
 from engine.llamacpp.rows import SeqRows
 from engine.runtime.cache import CacheLayout, Checkpoint, crop
+from engine.runtime.capabilities import UNPROBED, Capabilities
 from engine.runtime.gguf import GGUFError, Progress, gguf_file, is_gguf, local_folder
 from engine.runtime.model import (
     Compiling,
@@ -83,6 +84,7 @@ class LlamaModel:
         self.num_parameters = native.parameters
         self.context_length = native.context or None
         self.cell_bytes = 0.0  # KV bytes per cell, measured by the probe
+        self.capabilities: Capabilities = UNPROBED  # what the probe measured (engine.llamacpp.probe)
         self.exact: str | bool = False
         self.max_cache_bytes: int | None = None  # an operator's bound on one context's KV cells (app --max-cache-gb)
         self._contexts: dict[tuple[int, str], lib.Context] = {}  # by (cells, role), reused

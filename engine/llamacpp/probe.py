@@ -46,8 +46,9 @@ import torch
 
 from engine.llamacpp import lib
 from engine.llamacpp.rows import SeqRows
+from engine.runtime.capabilities import Capabilities, Check
 from engine.runtime.gguf import cache_dir
-from engine.runtime.probe import Capabilities, Check, read_record, write_record
+from engine.runtime.probe import read_record, write_record
 
 PREFIX = 80  # tokens before the stretch: past 64, where llama.cpp's micro-batches would change kernel path
 STRETCH = 16  # tokens fed after the prefix
@@ -66,7 +67,7 @@ def probe(lm, progress=None) -> Capabilities:
         caps = _measure(lm, progress)
         if all(c.error is None for c in caps.checks):
             write_record(path, ident, caps, cell_bytes=lm.cell_bytes)
-    lm._capabilities = caps  # what engine.runtime.probe.capabilities returns for this model
+    lm.capabilities = caps  # what engine.runtime.probe.capabilities returns for this model
     return caps
 
 
@@ -125,7 +126,7 @@ def _measure(lm, progress=None) -> Capabilities:
 
 def exact_refusal(lm) -> str | None:
     """Why exact mode cannot hold on ``lm`` (the checks that were not bit-identical), or None."""
-    failed = [c for c in lm._capabilities.checks if not c.ok]
+    failed = [c for c in lm.capabilities.checks if not c.ok]
     if not failed:
         return None
     return (f"exact mode is refused on {lm.model_id} on llama.cpp: measured at load, its logits depend on the batch "

@@ -46,12 +46,15 @@ STUDIO = ("run", "compare", "benchmark")  # where the studio can offer a method
 class Models:
     """The models of one run: the ``target``, and the ``draft`` model and the PRM ``scorer`` where the
     method uses them (``Method.uses``). ``writer``: how a step-writing method's models write a step (in
-    process, or on their vLLM server: the registry's factory; None for the in-process default)."""
+    process, or on their vLLM server: the registry's factory; None for the in-process default). ``evidence``:
+    what SSR's loop has learned and learns on the target (``engine.methods.ssr.evidence.Evidence``; None:
+    the target's own store; a shared studio passes the visitor's)."""
 
     target: Any
     draft: Any = None
     scorer: Any = None
     writer: Any = None
+    evidence: Any = None
 
 
 @dataclass(frozen=True)

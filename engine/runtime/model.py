@@ -33,6 +33,7 @@ from engine.runtime.cache import (
     seq_length,
     take_rows,
 )
+from engine.runtime.capabilities import UNPROBED, Capabilities
 from engine.runtime.compiled import BUCKETS, CompiledSteps, bucket, compile_reason
 from engine.runtime.exact import ExactRefused, Invariance, exact_forwards, invariance
 from engine.runtime.gguf import GGUFError, Progress, is_gguf, local_folder
@@ -150,11 +151,9 @@ class LoadedModel:
         self._fixed: dict[tuple[int, int, str], object] = {}  # fixed caches by (capacity, rows, role), reused
         self._cache_plan: tuple[type | None, CacheLayout] | None = None  # (own cache class, layout), once decided
         self.rope = rope_of(model.config)  # position-scaled RoPE, if any
-        # set by the capability probe (engine.runtime.probe): this model's multi-token forwards after a
-        # cached state are wrong, so they run as one-token forwards
-        self.one_token_steps = False
-        self.holes_unsafe = False  # set by the probe too: this model's mask does not hide holes, so rows hold none
-        self.shared_unsafe = False  # set by the probe too: rows sharing one buffer row do not decode as copies do
+        # what the capability probe measured (engine.runtime.probe), the routes its checks decided among them:
+        # one-token steps, rows without holes, copied forks
+        self.capabilities: Capabilities = UNPROBED
         self.share_forks = True  # an operator's switch (the scaling benchmark's "copied" arm): False, every draft copies
         self._exact_checks: dict[tuple, Invariance] = {}  # exact mode's self-check, per (route, compiled), once measured
         self.max_cache_bytes: int | None = None  # an operator's bound on one cache (None: what is available)
@@ -173,7 +172,7 @@ class LoadedModel:
         """Whether this run's rows may hold holes (``StepModel.holes_ok``): as the cache kinds allow,
         unless the capability probe found this model's mask does not hide them, or the run is on
         exact mode's fixed route (a token at another slot is summed in another order)."""
-        return self.layout.holes_ok and not self.holes_unsafe and self.exact != "fixed"
+        return self.layout.holes_ok and not self.capabilities.holes_unsafe and self.exact != "fixed"
 
     def _plan(self) -> tuple[type | None, CacheLayout]:
         """Decided once per model: a SlotCache, or the model's own cache class where it needs one
@@ -358,7 +357,7 @@ class LoadedModel:
         input_ids = input_ids.to(self.device)
         # one token a forward: where the probe found multi-token forwards ignore the state, and in exact mode
         # on recurrent layers (their chunked kernels' chunks follow the forward's width)
-        if t > 1 and (self.one_token_steps and start > 0 or self.exact and self.layout.recurrent):
+        if t > 1 and (self.capabilities.one_token_steps and start > 0 or self.exact and self.layout.recurrent):
             return torch.cat([self.forward(input_ids[:, j : j + 1], cache, start + j, positions[:, j : j + 1],
                                            None if attention_mask is None else attention_mask[:, : start + j + 1])
                               for j in range(t)], dim=1)

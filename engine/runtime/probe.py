@@ -10,7 +10,7 @@ its config names (a sliding window, a chunk size, an indexer's top-k):
 
 * **multi-token**: k-token forwards after a cached prefix (a few widths, one after another, so at a
   few offsets) equal one-token forwards. If not,
-  the model's later forwards run one token at a time (``LoadedModel.one_token_steps``: the
+  the model's later forwards run one token at a time (``Capabilities.one_token_steps``: the
   model's public forward, once per token; plain decoding's prompt prefill, from an empty state,
   is unaffected) and the remaining checks run on that route.
 * **split prefill**: the prompt prefilled but for its last token, then that token (as SSR starts)
@@ -21,12 +21,12 @@ its config names (a sliding window, a chunk size, an indexer's top-k):
 * **holes** (caches that allow them, ``CacheLayout.holes_ok``): slots a row rejected, hidden by
   its mask, change nothing; compacting them away changes nothing. If not (a model that places
   ALiBi or relative positions by slot, not by the positions passed: MPT, RoFormer, TrOCR's
-  decoder), the model's rows hold none (``LoadedModel.holes_unsafe``: SSR feeds one token per row
+  decoder), the model's rows hold none (``Capabilities.holes_unsafe``: SSR feeds one token per row
   per step while drafts ride, as on a sliding-window model), and nothing is refused for it.
 * **shared forks** (where the holes hold and the model could take them, ``engine.runtime.batch.unshared``):
   the fork and holes checks again with the rows sharing one buffer row (``RowBatch``'s shared
   forks: a 4-D mask over every row's slots). If not, each draft holds a copy of the prefix
-  (``LoadedModel.shared_unsafe``), and nothing is refused for it.
+  (``Capabilities.shared_unsafe``), and nothing is refused for it.
 
 A check passes when the largest logit difference is within ``sqrt(eps)`` of the logits' scale for
 the model's dtype (float32's at the finest): rounding grows with ``eps``, a lost state with the
@@ -59,7 +59,7 @@ import os
 import platform
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -67,9 +67,9 @@ import torch
 
 from engine.runtime.batch import RowBatch, unshared
 from engine.runtime.cache import checkpoint, layout, threshold_length, tolerance, unknown_layer_kinds
+from engine.runtime.capabilities import UNPROBED, Capabilities, Check
 from engine.runtime.gguf import Progress, cache_dir
 from engine.runtime.model import LoadedModel, SSRUnsupportedError
-from engine.steps import K_TOKENS, ONE_TOKEN
 
 
 class MethodRefused(SSRUnsupportedError):
@@ -84,70 +84,6 @@ STEPS = 6  # tokens fed after the prefix in each check
 WIDTHS = (STEPS, 2, 3, 5)
 SHORT_PROMPTS = (2, 3, 5, 8, 13)  # prompt lengths the split-prefill check also tries
 TAIL = sum(WIDTHS) + 2 * STEPS  # tokens after the prefix: the reference's stretch, then junk
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    diff: float | None = None  # largest |logit| difference from the one-token reference (None: it raised)
-    error: str | None = None
-    reason: str | None = None  # a check decided by what the model's cache holds, not by a measurement
-
-    def __str__(self) -> str:
-        if self.reason:
-            return f"{self.name}: {self.reason}"
-        if self.error:
-            return f"{self.name}: raised {self.error}"
-        return f"{self.name}: max logit difference {self.diff:.3g}" + ("" if self.ok else " (beyond rounding)")
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    checks: tuple[Check, ...]
-    one_token_steps: bool  # multi-token forwards after a cached state run one token at a time
-    tokens: int  # the prefix length the checks ran at
-    tolerance: float
-    seconds: float
-    cached: str | None = None  # when the probe read back from the cache ran ("2026-12-05 03:10 UTC"); None: this process
-
-    @property
-    def provenance(self) -> str:
-        """Where these capabilities come from, for a load's status line."""
-        if self.cached:
-            return (f"capabilities from the probe cached on {self.cached} (measured on this model, with this torch "
-                    "and transformers)")
-        return f"capabilities measured in {self.seconds:.1f} s (the probe)"
-
-    def check(self, name: str) -> Check | None:
-        return next((c for c in self.checks if c.name == name), None)
-
-    @property
-    def verify(self) -> str:
-        """How SSR's verifies run on this model, for the run's stats and the strip."""
-        holes = self.check("holes")
-        rows = "" if holes is None or holes.ok else f"; rows hold no holes: this model's mask does not hide them ({holes})"
-        if not self.one_token_steps:
-            return K_TOKENS + rows
-        return f"{ONE_TOKEN}: this model's multi-token forward ignores its state ({self.check('multi-token')})" + rows
-
-    def failed(self, rollbacks: bool = True) -> list[Check]:
-        """The failed checks a method depends on. Plain decoding (``rollbacks`` false) needs
-        one-token decoding and, where the probe chose them, one-token steps; SSR and RSD, which
-        roll rows back and fork them, need every check but the ones a route answers (multi-token:
-        one token per step; holes: rows hold none; shared forks: each draft copies the prefix)."""
-        plain = ("one-token decoding", "one-token steps")
-        routed = ("multi-token", "holes", "shared forks")
-        return [c for c in self.checks if not c.ok and c.name not in routed and (rollbacks or c.name in plain)]
-
-    def refusal(self, method: str, model_id: str, rollbacks: bool = True) -> str | None:
-        """Why ``method`` cannot run exactly on this model, as measured, or None."""
-        failed = self.failed(rollbacks)
-        if not failed:
-            return None
-        still = " (plain decoding still works)" if rollbacks and not self.failed(False) else ""
-        return (f"{method} is refused on {model_id}: the capability probe at {self.tokens} tokens found "
-                + "; ".join(map(str, failed)) + still)
 
 
 def require(lm: LoadedModel, method: str, rollbacks: bool = True) -> Capabilities:
@@ -171,8 +107,8 @@ def capabilities(lm: LoadedModel, progress: Progress | None = None) -> Capabilit
     from a folder or a Hub snapshot, read back from the probe's cache where this model was probed
     with this software before, else measured and written there. ``progress`` hears a line when
     the probe actually runs."""
-    caps = getattr(lm, "_capabilities", None)
-    if caps is None:
+    caps = lm.capabilities
+    if caps is UNPROBED:
         identity = probe_identity(lm)
         path = _cache_file(lm, identity) if identity else None
         caps = _read(lm, path, identity) if path else None
@@ -182,7 +118,7 @@ def capabilities(lm: LoadedModel, progress: Progress | None = None) -> Capabilit
             caps = _measure(lm)
             if path and all(c.error is None for c in caps.checks):
                 _write(lm, path, identity, caps)
-        lm._capabilities = caps
+        lm.capabilities = caps
     return caps
 
 
@@ -255,9 +191,9 @@ def write_record(path: Path, identity: dict, caps: Capabilities, **kept) -> None
 
 
 def _read(lm: LoadedModel, path: Path, identity: dict) -> Capabilities | None:
-    """The cached result at ``path``, applied to ``lm`` as the probe would have (its routes, its
-    cache class, a slot's bytes); None where there is none, it does not parse or its identity is
-    not ``identity``."""
+    """The cached result at ``path``, applied to ``lm`` as the probe would have (its cache class and a
+    slot's bytes; the caller sets the record, whose checks decide the routes); None where there is none,
+    it does not parse or its identity is not ``identity``."""
     found = read_record(path, identity)
     if found is None:
         return None
@@ -265,16 +201,14 @@ def _read(lm: LoadedModel, path: Path, identity: dict) -> Capabilities | None:
     checks = caps.checks
     try:
         own = _cache_class(record["cache_class"])
-        holes_unsafe, shared_unsafe, slot_bytes = record["holes_unsafe"], record["shared_unsafe"], record["slot_bytes"]
+        slot_bytes = record["slot_bytes"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError):
         return None
-    typed = (isinstance(caps.one_token_steps, bool) and isinstance(holes_unsafe, bool) and isinstance(shared_unsafe, bool)
-             and isinstance(caps.tokens, int)
+    typed = (isinstance(caps.one_token_steps, bool) and isinstance(caps.tokens, int)
              and all(isinstance(c.ok, bool) for c in checks) and isinstance(slot_bytes, (float, int, type(None))))
     if not typed or own is False:
         return None
     lm._cache_plan = own, layout(lm.model.config, own)
-    lm.one_token_steps, lm.holes_unsafe, lm.shared_unsafe = caps.one_token_steps, holes_unsafe, shared_unsafe
     lm.slot_bytes = slot_bytes
     return caps
 
@@ -294,8 +228,8 @@ def _cache_class(name: str | None) -> type | None | bool:
 def _write(lm: LoadedModel, path: Path, identity: dict, caps: Capabilities) -> None:
     """Keep ``caps`` and what the probe set on ``lm`` at ``path``."""
     own = lm._plan()[0]
-    write_record(path, identity, caps, holes_unsafe=lm.holes_unsafe, shared_unsafe=lm.shared_unsafe,
-                 slot_bytes=lm.slot_bytes, cache_class=None if own is None else f"{own.__module__}:{own.__qualname__}")
+    write_record(path, identity, caps, slot_bytes=lm.slot_bytes,
+                 cache_class=None if own is None else f"{own.__module__}:{own.__qualname__}")
 
 
 def _measure(lm: LoadedModel) -> Capabilities:
@@ -312,8 +246,10 @@ def _measure(lm: LoadedModel) -> Capabilities:
 
 
 def _checks(lm: LoadedModel) -> Capabilities:
+    """Every check, each on the routes the checks before it chose (``lm.capabilities`` is the record so
+    far while they run: a later check, like every later run, takes the route an earlier one decided)."""
     t0 = time.perf_counter()
-    lm.one_token_steps = lm.holes_unsafe = lm.shared_unsafe = False
+    lm.capabilities = UNPROBED
     length = probe_length(lm.model.config, lm.context_length)
     if lm.rope.kind:  # stay below a RoPE switch point: past it a wide forward is not the reference's either
         length = max(1, min(length, lm.rope.switch - TAIL))
@@ -326,7 +262,8 @@ def _checks(lm: LoadedModel) -> Capabilities:
         ref = _reference(lm, prefix, stretch)
     except Exception as err:  # noqa: BLE001 (any failure is the finding: plain decoding cannot run)
         broken = Check("one-token decoding", False, error=_short(err))
-        return Capabilities((broken,), False, length, tol, time.perf_counter() - t0)
+        lm.capabilities = Capabilities((broken,), False, length, tol, time.perf_counter() - t0)
+        return lm.capabilities
     scale = max(1.0, float(ref.abs().max()))
 
     def measured(name: str, fn) -> Check:
@@ -337,8 +274,14 @@ def _checks(lm: LoadedModel) -> Capabilities:
         return Check(name, diff <= tol * scale, diff)
 
     checks = [measured("multi-token", lambda: _multi_token(lm, prefix, stretch, ref))]
-    lm.one_token_steps = not checks[0].ok
-    if lm.one_token_steps:  # the route the checks below (and every later run) take: retried on it
+    one_token = not checks[0].ok
+
+    def decided() -> Capabilities:  # the record so far, on the model: the routes the next checks take
+        lm.capabilities = Capabilities(tuple(checks), one_token, length, tol, time.perf_counter() - t0)
+        return lm.capabilities
+
+    decided()
+    if one_token:  # the route the checks below (and every later run) take: retried on it
         checks.append(measured("one-token steps", lambda: _multi_token(lm, prefix, stretch, ref)))
     checks.append(measured("split prefill", lambda: _split_prefill(lm, prefix, true, ref)))
     unknown = unknown_layer_kinds(lm.model.config)
@@ -351,12 +294,10 @@ def _checks(lm: LoadedModel) -> Capabilities:
     checks.append(measured("fork", lambda: _fork(lm, prefix, true, junk, ref)))
     if lm.layout.holes_ok:
         checks.append(measured("holes", lambda: _holes(lm, prefix, true, junk, ref)))
-        lm.holes_unsafe = not checks[-1].ok  # the route every later run takes: rows hold no holes
-        if not lm.holes_unsafe and unshared(lm) is None:
+        if not decided().holes_unsafe and unshared(lm) is None:  # failed: rows hold no holes
             checks.append(measured("shared forks", lambda: max(_fork(lm, prefix, true, junk, ref, shared=True),
                                                                _holes(lm, prefix, true, junk, ref, shared=True))))
-            lm.shared_unsafe = not checks[-1].ok  # the route every later run takes: each draft copies the prefix
-    return Capabilities(tuple(checks), lm.one_token_steps, length, tol, time.perf_counter() - t0)
+    return decided()  # shared forks failed: each draft copies the prefix
 
 
 def _short(err: Exception) -> str:

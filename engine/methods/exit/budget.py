@@ -23,6 +23,7 @@ from engine.methods.contract import Method
 from engine.methods.exit.rule import Exit, ExitRule, Probe, answer_key
 from engine.methods.recorder import Recorder
 from engine.methods.seams import StepModel
+from engine.methods.ssr.evidence import Evidence
 from engine.methods.ssr.loop import SSRBudget, SSRState, decode_ssr
 from engine.methods.ssr.proposers import Draft
 
@@ -118,14 +119,15 @@ class ExitBudget(SSRBudget):
         return list(self._probes.values())
 
 
-def decode_exit(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Event]:
-    """Yield the events of an ``ssr-exit`` run: SSR's loop with :class:`ExitBudget`."""
-    return decode_ssr(lm, prompt, cfg, method=NAME, budget_class=ExitBudget)
+def decode_exit(lm: StepModel, prompt: str, cfg: RunConfig, evidence: Evidence | None = None) -> Iterator[Event]:
+    """Yield the events of an ``ssr-exit`` run: SSR's loop with :class:`ExitBudget` (``evidence``: as
+    ``decode_ssr`` takes it)."""
+    return decode_ssr(lm, prompt, cfg, method=NAME, budget_class=ExitBudget, evidence=evidence)
 
 
 METHOD = Method(NAME, "SSR early exit", "SSR that stops reasoning once its finished drafts agree on the answer (lossy by "
                 "design: the answer is the model's own, after a shorter reasoning)",
-                start=lambda m: partial(decode_exit, m.target), exact=False, drafts=True, ssr_loop=True,
+                start=lambda m: partial(decode_exit, m.target, evidence=m.evidence), exact=False, drafts=True, ssr_loop=True,
                 server="over a server the drafts are requests of their own that finish when the server schedules them, "
                        "so where the reasoning stopped would depend on the server's timing, not on the tokens; "
                        "ssr-exit runs in process",

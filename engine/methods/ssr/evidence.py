@@ -22,12 +22,13 @@ Which runs teach:
 A decision says what evidence it used: ``DraftPlan.why`` and ``RunStats.lookups`` name how many
 runs, how old, and how many were left out and why.
 
->>> store = Evidence.of(lm)  # the model's own store (a shared studio swaps in a visitor's ledgers: policy.kept_apart)
+>>> store = Evidence.of(lm)  # the model's own store (a shared studio passes a visitor's: store.apart(their_ledgers))
 >>> events = list(decode_ssr(lm, prompt, cfg, evidence=store))  # decode_ssr's default reads the same store
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 import weakref
@@ -80,6 +81,13 @@ class Evidence:
         if lm not in _STORES:
             _STORES[lm] = Evidence()
         return _STORES[lm]
+
+    def apart(self, ledgers: dict) -> Evidence:
+        """This store with ``ledgers`` (route -> ``policy.Ledger``) for its own: the forward costs, paces and
+        counts of finished runs stay this store's (they are the machine's), the drafting decisions are
+        the ledgers' owner's. A shared studio passes one per visitor to each of their runs, so no
+        visitor's runs decide, or show up in the numbers of, another's."""
+        return dataclasses.replace(self, ledgers=ledgers)
 
     @staticmethod
     def route(cfg: RunConfig) -> tuple:

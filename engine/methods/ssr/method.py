@@ -10,10 +10,10 @@ from engine.methods.ssr.loop import decode_ssr
 
 LOOKUPS = Method("ssr-lookups", "SSR lookups alone", "SSR's loop with its lookups alone, no drafts: the ablation that "
                  "says what SSR's drafts add", start=lambda m: partial(decode_ssr, m.target, method="ssr-lookups",
-                                                                       drafts=False),
+                                                                       drafts=False, evidence=m.evidence),
                  ssr_loop=True, studio=("compare", "benchmark"), color="#7dd3fc")
 SSR = Method("ssr", "SSR", "self-speculative reasoning: drafts forked from a partial chain of thought, verified "
              "against the model, with lookups and suffix recovery (token-identical to baseline)",
-             start=lambda m: partial(decode_ssr, m.target), drafts=True, ssr_loop=True, server="", studio=STUDIO,
+             start=lambda m: partial(decode_ssr, m.target, evidence=m.evidence), drafts=True, ssr_loop=True, server="", studio=STUDIO,
              color="#2563eb")
 METHODS = (LOOKUPS, SSR)

@@ -9,7 +9,7 @@ known before the run: SSR learns them on the model, as transformers' assisted ge
 its draft-length schedule on the assistant model between calls.
 
 The :class:`Ledger` (one per loaded model and numerics route, in the model's evidence store,
-``engine.methods.ssr.evidence``; a shared studio keeps one per visitor: :func:`kept_apart`) holds
+``engine.methods.ssr.evidence``; a shared studio passes a store with each visitor's own: ``Evidence.apart``) holds
 the last :data:`WINDOW` warm SSR runs that drafted, whatever their ``drafting``: what their drafts
 cost and saved, in seconds, and each run's pace. A cold run (its kind's first) is never entered; a
 run flagged slow against the route's other recent runs (``evidence.slow``: the run log's rule) is
@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -99,21 +97,6 @@ def ledger(store: Evidence, cfg: RunConfig) -> Ledger:
     if route not in store.ledgers:
         store.ledgers[route] = Ledger(paces=store.paces_of(cfg))
     return store.ledgers[route]
-
-
-@contextmanager
-def kept_apart(lm, ledgers: dict) -> Iterator[None]:
-    """Runs of ``lm`` inside read and write ``ledgers`` (route -> :class:`Ledger`) instead of the
-    model's own (its evidence store's, ``Evidence.of(lm)``; its forward costs and paces stay shared:
-    they are the machine's): a shared studio keeps one set per visitor, so no visitor's runs
-    decide, or show up in the numbers of, another's. The caller holds the model for the whole block
-    (no other run of ``lm`` may interleave)."""
-    store = Evidence.of(lm)
-    saved, store.ledgers = store.ledgers, ledgers
-    try:
-        yield
-    finally:
-        store.ledgers = saved
 
 
 def plan(book: Ledger, cfg: RunConfig) -> DraftPlan:

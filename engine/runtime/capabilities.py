@@ -1,0 +1,92 @@
+"""What the capability probe (``engine.runtime.probe``; llama.cpp's: ``engine.llamacpp.probe``) found
+a loaded model can do, as one frozen record on the model (``.capabilities``): each check measured,
+and the routes they decide, read by the runtime instead of loose flags. A model not probed yet holds
+:data:`UNPROBED` (no check, no route: the default route every run takes until measured)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.steps import K_TOKENS, ONE_TOKEN
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    diff: float | None = None  # largest |logit| difference from the one-token reference (None: it raised)
+    error: str | None = None
+    reason: str | None = None  # a check decided by what the model's cache holds, not by a measurement
+
+    def __str__(self) -> str:
+        if self.reason:
+            return f"{self.name}: {self.reason}"
+        if self.error:
+            return f"{self.name}: raised {self.error}"
+        return f"{self.name}: max logit difference {self.diff:.3g}" + ("" if self.ok else " (beyond rounding)")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    checks: tuple[Check, ...]
+    one_token_steps: bool  # multi-token forwards after a cached state run one token at a time
+    tokens: int  # the prefix length the checks ran at
+    tolerance: float
+    seconds: float
+    cached: str | None = None  # when the probe read back from the cache ran ("2026-12-05 03:10 UTC"); None: this process
+
+    @property
+    def provenance(self) -> str:
+        """Where these capabilities come from, for a load's status line."""
+        if self.cached:
+            return (f"capabilities from the probe cached on {self.cached} (measured on this model, with this torch "
+                    "and transformers)")
+        return f"capabilities measured in {self.seconds:.1f} s (the probe)"
+
+    def check(self, name: str) -> Check | None:
+        return next((c for c in self.checks if c.name == name), None)
+
+    def _failed(self, name: str) -> bool:
+        check = self.check(name)
+        return check is not None and not check.ok
+
+    @property
+    def holes_unsafe(self) -> bool:
+        """The holes check failed: this model's mask does not hide holes, so its rows hold none."""
+        return self._failed("holes")
+
+    @property
+    def shared_unsafe(self) -> bool:
+        """The shared-forks check failed: rows sharing one buffer row do not decode as copies do, so
+        each draft copies the prefix."""
+        return self._failed("shared forks")
+
+    @property
+    def verify(self) -> str:
+        """How SSR's verifies run on this model, for the run's stats and the strip."""
+        holes = self.check("holes")
+        rows = "" if holes is None or holes.ok else f"; rows hold no holes: this model's mask does not hide them ({holes})"
+        if not self.one_token_steps:
+            return K_TOKENS + rows
+        return f"{ONE_TOKEN}: this model's multi-token forward ignores its state ({self.check('multi-token')})" + rows
+
+    def failed(self, rollbacks: bool = True) -> list[Check]:
+        """The failed checks a method depends on. Plain decoding (``rollbacks`` false) needs
+        one-token decoding and, where the probe chose them, one-token steps; SSR and RSD, which
+        roll rows back and fork them, need every check but the ones a route answers (multi-token:
+        one token per step; holes: rows hold none; shared forks: each draft copies the prefix)."""
+        plain = ("one-token decoding", "one-token steps")
+        routed = ("multi-token", "holes", "shared forks")
+        return [c for c in self.checks if not c.ok and c.name not in routed and (rollbacks or c.name in plain)]
+
+    def refusal(self, method: str, model_id: str, rollbacks: bool = True) -> str | None:
+        """Why ``method`` cannot run exactly on this model, as measured, or None."""
+        failed = self.failed(rollbacks)
+        if not failed:
+            return None
+        still = " (plain decoding still works)" if rollbacks and not self.failed(False) else ""
+        return (f"{method} is refused on {model_id}: the capability probe at {self.tokens} tokens found "
+                + "; ".join(map(str, failed)) + still)
+
+
+UNPROBED = Capabilities((), False, 0, 0.0, 0.0)  # a model the probe has not measured yet
