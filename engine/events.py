@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from engine.steps import StepMode, Verify
 
@@ -102,6 +103,52 @@ class TokenEvent:
 
 
 @dataclass
+class RSDStats:
+    """RSD's steps (engine.methods.rsd): how many drafted steps the PRM kept and rejected, and their mean
+    rewards (None: no step of that kind). Columns as named here."""
+
+    PREFIX: ClassVar[str] = ""
+    steps_accepted: int = 0
+    steps_rejected: int = 0
+    mean_reward_accepted: float | None = None
+    mean_reward_rejected: float | None = None
+
+
+@dataclass
+class ServedStats:
+    """SSR on a server that speculates by itself (engine.remote.served): its method as declared, what its
+    per-request metrics reported (proposed tokens accepted, proposed, verify steps), and a sentence when
+    the run contradicts the declaration (no metrics, nothing proposed). Columns ``server_<field>``."""
+
+    PREFIX: ClassVar[str] = "server_"
+    speculation: str = ""
+    accepted: int = 0
+    proposed: int = 0
+    steps: int = 0
+    note: str = ""
+
+
+@dataclass
+class ExitStats:
+    """ssr-exit (engine.methods.exit): the rule in words; where it stopped the reasoning (the model's own
+    reasoning tokens then, before the forced marker; None: the drafts never agreed), which drafts agreed
+    ("2,3,4") on what answer, their mean token probability under the model (measured when the rule has a
+    bar), and without an exit, why the rule never held, with the counts (``ExitBudget.why_not``).
+    Columns ``exit_<field>``."""
+
+    PREFIX: ClassVar[str] = "exit_"
+    rule: str = ""
+    at: int | None = None
+    drafts: str = ""
+    answer: str = ""
+    score: float | None = None
+    why: str = ""
+
+
+PARTS = {"rsd": RSDStats, "server": ServedStats, "exit": ExitStats}  # RunStats' field -> the record it holds
+
+
+@dataclass
 class RunStats:
     """Timings and counters of one run; the ``runs`` table mirrors these fields."""
 
@@ -148,10 +195,8 @@ class RunStats:
     # "always", or for another method), and the answer forwards the drafts saved that no lookup would have
     drafting: str = ""
     draft_saved: int = 0
-    # RSD accounting (zero for other methods); FLOPs = 2 x parameters x tokens processed, per model
+    # the models' work, per model (every method in process); FLOPs = 2 x parameters x tokens processed
     flops: float = 0.0
-    steps_accepted: int = 0
-    steps_rejected: int = 0
     target_tokens: int = 0  # tokens each model processed (prefill and decode)
     draft_model_tokens: int = 0
     prm_tokens: int = 0
@@ -161,16 +206,6 @@ class RunStats:
     target_s: float = 0.0
     draft_s: float = 0.0
     prm_s: float = 0.0
-    # SSR on a server that speculates by itself (engine.remote.served): its method as declared, what its
-    # per-request metrics reported (proposed tokens accepted, proposed, verify steps), and a sentence when
-    # the run contradicts the declaration (no metrics, nothing proposed)
-    server_speculation: str = ""
-    server_accepted: int = 0
-    server_proposed: int = 0
-    server_steps: int = 0
-    server_note: str = ""
-    mean_reward_accepted: float | None = None
-    mean_reward_rejected: float | None = None
     # which budget cut the run (engine.methods.budget.budget_cut): "" it ended by itself, "reasoning" (the end of
     # thinking forced at max_think), "answer" (stopped at max_answer), "reasoning, answer", or RSD's "response"
     cut: str = ""
@@ -184,14 +219,10 @@ class RunStats:
     # per proposer, JSON: {"draft prefix": {"hist": [verifies that accepted 0, 1, ... tokens],
     #   "reached": [verifies proposing a 1st, 2nd, ... token], "taken": [of those, accepted]}, ...}
     acceptance: str = ""
-    # ssr-exit (engine.methods.exit): the rule in words; where it stopped the reasoning (the model's own reasoning
-    # tokens then, before the forced marker; None: the drafts never agreed), which drafts agreed ("2,3,4") on what
-    exit_rule: str = ""
-    exit_at: int | None = None
-    exit_drafts: str = ""
-    exit_answer: str = ""
-    exit_score: float | None = None  # the agreeing drafts' mean token probability under the model (measured when the rule has a bar)
-    exit_why: str = ""  # no exit: why the rule never held, with the counts (ExitBudget.why_not)
+    # what one method adds (zero-valued for the others), each a record of its own, flattened in the run log
+    rsd: RSDStats = field(default_factory=RSDStats)
+    server: ServedStats = field(default_factory=ServedStats)
+    exit: ExitStats = field(default_factory=ExitStats)
 
     def stepping(self) -> StepMode:
         """How the run's steps ran (``step_mode`` read once, in ``engine.steps``)."""
@@ -224,11 +255,36 @@ class RunStats:
         return sorted(mine, key=lambda p: (-p.num_accepted_tokens, p.proposer))
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Flat, one key per run log column: a part's fields under its prefix (``exit.at`` is ``exit_at``)."""
+        flat = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in PARTS:
+                flat.update({PARTS[f.name].PREFIX + g.name: getattr(value, g.name) for g in dataclasses.fields(value)})
+            else:
+                flat[f.name] = value
+        return flat
 
     @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
+    def from_dict(cls, flat: dict) -> RunStats:
+        """Back from :meth:`to_dict`'s keys (a run log row, a JSON trace's run); keys it does not name, and
+        missing ones (a row logged before a column existed), are left to the defaults."""
+        own = {name: flat[name] for name, (owner, _) in cls.columns().items() if owner is cls and name in flat}
+        parts = {part: kind(**{attr: flat[name] for name, (owner, attr) in cls.columns().items()
+                               if owner is kind and name in flat}) for part, kind in PARTS.items()}
+        return cls(**own, **parts)
+
+    @classmethod
+    def columns(cls) -> dict[str, tuple[type, str]]:
+        """Each run log column of a run's stats: the record that types it and its field there."""
+        cols: dict[str, tuple[type, str]] = {}
+        for f in dataclasses.fields(cls):
+            if f.name in PARTS:
+                kind = PARTS[f.name]
+                cols.update({kind.PREFIX + g.name: (kind, g.name) for g in dataclasses.fields(kind)})
+            else:
+                cols[f.name] = (cls, f.name)
+        return cols
 
 
 def parse_acceptance(text: str | None) -> dict[str, dict[str, list[int]]]:

@@ -92,7 +92,7 @@ def with_exit_probes(cfg, model: str | None):
     """``cfg`` (a ``RunConfig``) for an ``ssr-exit`` run on ``model``: as it is, unless its drafts are
     fewer than must agree (it could never exit, and would be SSR again): then ``model``'s probes
     (:func:`exit_probes`, at least ``exit_k`` drafts). The bench CLI, a Compare and the Benchmark
-    tab give an early-exit run its probes this way; the run's rule (``RunStats.exit_rule``) names them."""
+    tab give an early-exit run its probes this way; the run's rule (``RunStats.exit.rule``) names them."""
     if cfg.num_drafts >= cfg.exit_k:
         return cfg
     probes = exit_probes(model, cfg.max_think, cfg.draft_start)

@@ -64,7 +64,7 @@ def logged_view(row: dict, events: list) -> TraceView:
         view.thinking = "prompted"
     elif not view.think_end and not view.reasoning and view.answer:
         view.thinking = "none"
-    view.stats = RunStats(**{k: row[k] for k in RunStats.field_names() if row.get(k) is not None})
+    view.stats = RunStats.from_dict({k: v for k, v in row.items() if v is not None})
     view.phase = PHASE_OF_STATUS.get(row.get("status"), str(row.get("status") or "imported"))
     return view
 

@@ -377,11 +377,12 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         if self.log.notice and not view.notice:
             view.notice, self.log.notice = self.log.notice, None
         s = view.stats
-        if s and s.server_note:  # the server contradicted its declared speculation: said, never hidden
-            view.notice = view.notice or s.server_note
-        if "prm" in used and s and s.steps_rejected > RSD_MOSTLY_REWRITTEN * (s.steps_accepted + s.steps_rejected):
+        if s and s.server.note:  # the server contradicted its declared speculation: said, never hidden
+            view.notice = view.notice or s.server.note
+        steps = s.rsd.steps_accepted + s.rsd.steps_rejected if s else 0
+        if "prm" in used and s and s.rsd.steps_rejected > RSD_MOSTLY_REWRITTEN * steps:
             view.notice = view.notice or (
-                f"the PRM rejected {s.steps_rejected} of {s.steps_accepted + s.steps_rejected} draft steps, so the "
+                f"the PRM rejected {s.rsd.steps_rejected} of {steps} draft steps, so the "
                 f"target rewrote most of them: RSD pays off only where the draft model ({rsd.get('draft_name')}) is "
                 "usually right (the bundled draft knows arithmetic prompts only)")
 
@@ -445,7 +446,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
         out["identical"] = done.answer_text == base_answer if cfg.greedy else None
         if done.stats.flops and base_flops:
             out["flops_ratio"] = done.stats.flops / statistics.median(base_flops)
-        exited = is_lossy(run["method"]) and done.stats.exit_at is not None  # it parts from baseline by design there
+        exited = is_lossy(run["method"]) and done.stats.exit.at is not None  # it parts from baseline by design there
         if cfg.greedy and not exited and getattr(done, "reasoning_ids", None) is not None:  # token by token
             out["agreement"] = agreement(lm if isinstance(lm, StepModel) else None, run["prompt"], base_ids(),
                                          done.reasoning_ids + done.answer_ids)

@@ -194,10 +194,10 @@ class TraceView:
         return "steps" if writes_steps(self.method) and row != "prm" else row
 
     def exit_drafts(self) -> list[int]:
-        """The drafts that agreed on an early exit (``RunStats.exit_drafts`` once the run's final
+        """The drafts that agreed on an early exit (``RunStats.exit.drafts`` once the run's final
         stats are in; while it streams, the newest of them, which the exit event names); [] for none."""
-        if self.stats is not None and self.stats.exit_drafts:
-            return [int(d) for d in self.stats.exit_drafts.split(",") if d.strip().isdigit()]
+        if self.stats is not None and self.stats.exit.drafts:
+            return [int(d) for d in self.stats.exit.drafts.split(",") if d.strip().isdigit()]
         return [self.exit.draft] if self.exit is not None and self.exit.draft is not None else []
 
     def exit_words(self) -> str:
@@ -211,7 +211,7 @@ class TraceView:
 
     def _exit_badge(self) -> str:
         at = self.exit.at_token if self.exit is not None else None
-        answer = self.stats.exit_answer if self.stats is not None and self.stats.exit_answer else ""
+        answer = self.stats.exit.answer if self.stats is not None and self.stats.exit.answer else ""
         tip = (f"early exit after {at} reasoning tokens: {self.exit_words()}"
                + (f" on {_short(answer, 80)!r}" if answer else "")
                + "; the end of thinking was forced here and the answer verifies the newest agreeing draft")
@@ -667,9 +667,9 @@ def _where_cells(view: TraceView, method: str, compare: dict | None) -> list:
         items.append(("verify", Tipped("one token per step", verifies.text)))
     elif verifies.remote:
         items.append(("verify", verifies.head))
-    if s and s.server_speculation:
-        figures = (f"{s.server_speculation}: {s.server_accepted} of {s.server_proposed} proposed tokens "
-                   f"accepted in {s.server_steps} verify steps (colours reconstructed from its stream)")
+    if s and s.server.speculation:
+        figures = (f"{s.server.speculation}: {s.server.accepted} of {s.server.proposed} proposed tokens "
+                   f"accepted in {s.server.steps} verify steps (colours reconstructed from its stream)")
         items.append(("server speculation", figures))
     if s and s.cache_mb:
         items.append(("KV cache", si(s.cache_mb * 2**20) + "B"))
@@ -687,7 +687,7 @@ def _work_cells(view: TraceView, method: str, compare: dict | None) -> list:
         items.append(("FLOPs", si(s.flops) + ratio))
     if view.rule:
         items.append(("rule", view.rule))
-    if view.method == EXIT or (s and s.exit_rule):
+    if view.method == EXIT or (s and s.exit.rule):
         items += _exit_items(view, compare)
     if view.dtypes:
         items.append(("precision", view.dtypes))
@@ -772,16 +772,16 @@ def _exit_items(view: TraceView, compare: dict | None) -> list[tuple[str, str]]:
     agreed on what, and the reasoning tokens it saved against its baseline (never a number made up:
     without a baseline, the budget it left, and how to see the saving)."""
     s = view.stats
-    items = [("exit rule", s.exit_rule)] if s and s.exit_rule else []
-    at = view.exit.at_token if view.exit is not None else s.exit_at if s is not None else None
+    items = [("exit rule", s.exit.rule)] if s and s.exit.rule else []
+    at = view.exit.at_token if view.exit is not None else s.exit.at if s is not None else None
     if at is not None:
         items.append(("early exit", f"exited at reasoning token {at}"))
-        answer = s.exit_answer if s is not None else ""
-        score = getattr(s, "exit_score", None) if s is not None else None
+        answer = s.exit.answer if s is not None else ""
+        score = s.exit.score if s is not None else None
         items.append(("agreed", view.exit_words() + (f" on “{_short(answer, 40)}”" if answer else "")
                       + (f" (mean token probability {score:.2f})" if score is not None else "")))
     elif s is not None and view.phase in ("done", "ok", "imported"):
-        why = s.exit_why if s.exit_why else (  # runs logged before the reason was kept
+        why = s.exit.why if s.exit.why else (  # runs logged before the reason was kept
             f"the rule never held in {s.drafts} draft{'s' if s.drafts != 1 else ''} before the reasoning ended")
         items.append(("early exit", f"no exit: {why} — ran as SSR"))
     elif s is None and view.phase not in ("stopped", "error"):

@@ -47,7 +47,8 @@ NEEDS = ((PhaseEvent, lambda raw: raw.get("phase") == "drafting", "draft"),
          (PhaseEvent, lambda raw: raw.get("phase") == "drafting", "at_token"),
          (TokenEvent, lambda raw: raw.get("stream") == "draft", "draft"))
 ROW_FIELDS = {**{f.name: RunMeta for f in dataclasses.fields(RunMeta) if f.name != "grade"},  # grade: a function
-              **{f.name: RunStats for f in dataclasses.fields(RunStats)}}  # field -> the dataclass that types it
+              **{name: owner for name, (owner, _) in RunStats.columns().items()}}  # field -> the dataclass that types it
+ROW_ATTRS = {name: attr for name, (_, attr) in RunStats.columns().items()}  # a stats column -> its field there
 _NUMBER_WORDS = {int: "an integer", float: "a number"}
 
 
@@ -70,7 +71,7 @@ def parse_trace(doc) -> tuple[dict, list[Event]]:
         if key == "config":
             why = None if value is None else _settings(value)
         elif key in ROW_FIELDS:  # null: a column the run was logged without (a schema older than the field)
-            why = None if value is None else _check(_hints(ROW_FIELDS[key])[key], True)(value)
+            why = None if value is None else _check(_hints(ROW_FIELDS[key])[ROW_ATTRS.get(key, key)], True)(value)
         else:  # a column no dataclass types (id, status, created_at, ...): one value
             why = _check(type(value), True)(value) if isinstance(value, SCALARS) else \
                 f"must be a single value, got {_name(value)}"

@@ -27,11 +27,11 @@ FIXED = {"kind", "stream", "status", "format", "row"}  # texts a trace must hold
 def _stats(**given) -> dict:
     """Every RunStats field set: texts named after their field, counts 2, measures 0.5."""
     filler = {"str": lambda name: name, "int": lambda name: 2, "float": lambda name: 0.5}
-    hints = typing.get_type_hints(RunStats)
     out = {}
-    for f in dataclasses.fields(RunStats):
-        kind = next(t.__name__ for t in (str, float, int) if t in (hints[f.name], *typing.get_args(hints[f.name])))
-        out[f.name] = filler[kind](f.name)
+    for name, (owner, attr) in RunStats.columns().items():  # the run log's columns (a part's under its prefix)
+        hint = typing.get_type_hints(owner)[attr]
+        kind = next(t.__name__ for t in (str, float, int) if t in (hint, *typing.get_args(hint)))
+        out[name] = filler[kind](name)
     return {**out, **given}
 
 
@@ -115,8 +115,10 @@ def text_fields() -> set[tuple[str, str]]:
         return {f.name for f in dataclasses.fields(cls) if str in (hints[f.name], *typing.get_args(hints[f.name]))
                 and (cls, f.name) not in {**CHOICES, **FORMS} and f.name != "kind"}
 
+    stats = {("run", name) for name, (owner, attr) in RunStats.columns().items()
+             if str in (hint := typing.get_type_hints(owner)[attr], *typing.get_args(hint))}
     return ({(cls.__name__, name) for cls in (*EVENTS.values(), RowWork) for name in texts(cls)}
-            | {("run", name) for cls in (RunStats, RunMeta) for name in texts(cls) if name in ROW_FIELDS})
+            | {("run", name) for name in texts(RunMeta) if name in ROW_FIELDS} | stats)
 
 
 def texts_set(docs: list[dict]) -> set[tuple[str, str]]:

@@ -125,7 +125,7 @@ def test_k_above_the_drafts_never_exits_and_the_budget_still_holds():
 
 
 def test_a_run_that_never_exits_says_why_with_the_counts():
-    """No exit: the strip's sentence (RunStats.exit_why) names each reason with its count: drafts
+    """No exit: the strip's sentence (RunStats.exit.why) names each reason with its count: drafts
     still writing when the reasoning ended, cut short, with no answer, too few or disagreeing ones,
     drafts that never forked, the rule's floor, a confidence bar not reached."""
     cfg = RunConfig(max_think=100, draft_start=1, draft_interval=1, num_drafts=6, exit_k=3, exit_confidence=0)
@@ -157,12 +157,12 @@ def test_the_strip_gives_the_reason_live_and_replayed(tmp_path, lm):
     view = TraceView(method="ssr-exit")
     for ev in log.record(decoder("ssr-exit", lm)(prompt, cfg), RunMeta("ssr-exit", "tiny-reasoner", prompt, cfg.to_dict())):
         view.apply(ev)
-    assert "too few, the rule needs 3 in a row" in view.stats.exit_why
+    assert "too few, the rule needs 3 in a row" in view.stats.exit.why
     row = log.runs(limit=1)[0]
-    assert row["exit_why"] == view.stats.exit_why
+    assert row["exit_why"] == view.stats.exit.why
     replayed = logged_view(row, log.events(row["id"]))
     for v in (view, replayed):
-        assert f"no exit: {view.stats.exit_why}" in metrics_html(v, "SSR early exit").replace("&#x27;", "'")
+        assert f"no exit: {view.stats.exit.why}" in metrics_html(v, "SSR early exit").replace("&#x27;", "'")
 
 
 # ------------------------------------------------------------------ on the bundled model
@@ -181,17 +181,17 @@ def test_an_exit_is_plain_decoding_cut_where_the_drafts_agreed(lm, suite, seed):
     done, ex = events[-1], _exit(events)
     assert ex is not None, "these problems exit (their drafts agree early)"
     s = done.stats
-    assert s.method == "ssr-exit" and s.exit_at == ex.at_token and s.exit_rule.startswith("2 consecutive drafts agree")
-    assert s.reasoning_tokens == s.exit_at + len(lm.markers.marker_ids) and s.cut == ""
-    agreeing = [int(i) for i in s.exit_drafts.split(",")]
+    assert s.method == "ssr-exit" and s.exit.at == ex.at_token and s.exit.rule.startswith("2 consecutive drafts agree")
+    assert s.reasoning_tokens == s.exit.at + len(lm.markers.marker_ids) and s.cut == ""
+    agreeing = [int(i) for i in s.exit.drafts.split(",")]
     assert len(agreeing) == 2 and agreeing[-1] == ex.draft and agreeing[1] == agreeing[0] + 1
     texts = {i: lm.tokenizer.decode([e.token_id for e in events if isinstance(e, TokenEvent) and e.stream == "draft"
                                      and e.draft == i and e.status == "generated"]) for i in agreeing}
     assert len({answer_key(t) for t in texts.values()}) == 1
     forks = {e.draft: e.at_token for e in events if isinstance(e, PhaseEvent) and e.phase == "drafting"}
-    assert all(forks[i] < s.exit_at for i in agreeing)
+    assert all(forks[i] < s.exit.at for i in agreeing)
     plain = run(lm, "baseline", prompt, CFG)[-1]
-    assert done.reasoning_ids[: s.exit_at] == plain.reasoning_ids[: s.exit_at]
+    assert done.reasoning_ids[: s.exit.at] == plain.reasoning_ids[: s.exit.at]
     cut = run(lm, "baseline", prompt, CFG.replace(max_think=s.reasoning_tokens))[-1]
     assert done.reasoning_ids == cut.reasoning_ids and done.answer_ids == cut.answer_ids
 
@@ -203,14 +203,14 @@ def test_the_confidence_bar_is_measured_on_the_drafts_and_holds(lm):
 
     prompt = make_example("arithmetic", 1500006).prompt
     free = run(lm, "ssr-exit", prompt, CFG)[-1].stats
-    assert free.exit_at is not None and free.exit_score is None  # no bar: nothing measured
+    assert free.exit.at is not None and free.exit.score is None  # no bar: nothing measured
     events = run(lm, "ssr-exit", prompt, CFG.replace(exit_confidence=0.5))
     s = events[-1].stats
-    assert s.exit_at is not None and s.exit_score >= 0.5
+    assert s.exit.at is not None and s.exit.score >= 0.5
     ids = lm.prompt_ids(prompt)
     forks = {e.draft: e.at_token for e in events if isinstance(e, PhaseEvent) and e.phase == "drafting"}
     means = []
-    for i in map(int, s.exit_drafts.split(",")):
+    for i in map(int, s.exit.drafts.split(",")):
         draft = [e.token_id for e in events if isinstance(e, TokenEvent) and e.stream == "draft" and e.draft == i
                  and e.status == "generated"]
         opened = len(lm.markers.tail_ids)  # the template tail opens a draft: forced, not chosen
@@ -223,8 +223,8 @@ def test_the_confidence_bar_is_measured_on_the_drafts_and_holds(lm):
         if int(end.argmax()) in lm.eos_ids:  # the draft's end of sequence is one of its choices too
             probs.append(end.max().item())
         means.append(sum(probs) / len(probs))
-    assert s.exit_score == pytest.approx(sum(means) / len(means), abs=1e-3)
-    assert run(lm, "ssr-exit", prompt, CFG.replace(exit_confidence=1.0))[-1].stats.exit_at is None
+    assert s.exit.score == pytest.approx(sum(means) / len(means), abs=1e-3)
+    assert run(lm, "ssr-exit", prompt, CFG.replace(exit_confidence=1.0))[-1].stats.exit.at is None
 
 
 def test_no_exit_before_the_minimum(lm):
@@ -253,7 +253,7 @@ def test_k_above_the_drafts_possible_is_ssr_token_for_token(lm, suite):
     prompt = make_example(suite, 1500004).prompt
     cfg = CFG.replace(num_drafts=3, exit_k=4, think_spec=0)
     exit_run = run(lm, "ssr-exit", prompt, cfg)
-    assert _exit(exit_run) is None and exit_run[-1].stats.exit_at is None
+    assert _exit(exit_run) is None and exit_run[-1].stats.exit.at is None
     _same_run(exit_run, run(lm, "ssr", prompt, cfg))
 
 
@@ -266,7 +266,7 @@ def test_on_smollm2_an_exit_is_plain_decoding_cut_and_k_above_the_drafts_is_ssr(
     prompt = "What is 12 plus 30? Answer with the number."  # its prompted reasoning runs ~20 tokens; a draft ends first
     events = run(lm, "ssr-exit", prompt, cfg)
     s = events[-1].stats
-    assert s.exit_at is not None and s.reasoning_tokens == s.exit_at + len(lm.markers.marker_ids)  # "</think>" as text
+    assert s.exit.at is not None and s.reasoning_tokens == s.exit.at + len(lm.markers.marker_ids)  # "</think>" as text
     cut = run(lm, "baseline", prompt, cfg.replace(max_think=s.reasoning_tokens))[-1]
     assert events[-1].answer_ids == cut.answer_ids and events[-1].reasoning_ids == cut.reasoning_ids
     _same_run(run(lm, "ssr-exit", prompt, cfg.replace(exit_k=7)), run(lm, "ssr", prompt, cfg.replace(exit_k=7)))
@@ -283,12 +283,12 @@ def test_the_log_and_the_export_keep_the_rule_and_the_exit(tmp_path, lm):
     [row] = log.runs()
     s = events[-1].stats
     assert (row["exit_at"], row["exit_drafts"], row["exit_rule"], row["exit_answer"]) == \
-        (s.exit_at, s.exit_drafts, s.exit_rule, s.exit_answer) and isinstance(row["exit_at"], int)
+        (s.exit.at, s.exit.drafts, s.exit.rule, s.exit.answer) and isinstance(row["exit_at"], int)
     assert json.loads(row["config"])["exit_k"] == 2 if isinstance(row["config"], str) else row["config"]["exit_k"] == 2
     logged = log.events(row["id"])
     assert _exit(logged) == _exit(events)
     again_row, again = run_from_json(run_to_json(row, logged))
-    assert _exit(again) == _exit(events) and again_row["exit_at"] == s.exit_at and isinstance(again_row["exit_at"], int)
+    assert _exit(again) == _exit(events) and again_row["exit_at"] == s.exit.at and isinstance(again_row["exit_at"], int)
 
 
 def test_a_vllm_server_refuses_it_with_the_reason(lm):

@@ -112,7 +112,7 @@ def test_rsd_plumbing(family):
     for scorer in (None, "target-likelihood"):
         assert run("rsd", 0.0, scorer).reasoning_ids == run("draft", 0.7).reasoning_ids
         rewritten = run("rsd", 1.01, scorer)
-        assert rewritten.reasoning_ids == run("target", 0.7).reasoning_ids and rewritten.stats.steps_rejected > 0
+        assert rewritten.reasoning_ids == run("target", 0.7).reasoning_ids and rewritten.stats.rsd.steps_rejected > 0
 
 
 # ----------------------------------------------------------------------------- the runtime's rollbacks

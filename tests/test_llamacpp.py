@@ -228,7 +228,7 @@ def test_rsd_runs_on_llama_cpp_with_the_target_scoring_its_steps():
     cfg = RunConfig(max_think=32, max_answer=16, max_steps=4)
     done = list(decoder("rsd", lm, draft=lm, scorer="target-likelihood")(PROMPTS[0], cfg))[-1]
     assert done.stats.target_tokens > 0 and done.reasoning_ids  # its steps were written and scored on llama.cpp
-    assert done.stats.steps_accepted + done.stats.steps_rejected > 0
+    assert done.stats.rsd.steps_accepted + done.stats.rsd.steps_rejected > 0
 
 
 def test_more_drafts_than_a_context_has_sequences_for_are_refused_before_the_run():

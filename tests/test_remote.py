@@ -175,9 +175,9 @@ def test_rsd_with_its_models_on_servers_equals_in_process(where, scorer):
     d_remote = remote(draft)[0] if where == "both" else draft
     there = final(decoder("rsd", t_remote, d_remote, prm)("Start with 7", cfg))  # the registry picks each writer
     assert (there.reasoning_ids, there.answer_ids) == (here.reasoning_ids, here.answer_ids)
-    assert (there.stats.steps_accepted, there.stats.steps_rejected) == (here.stats.steps_accepted,
-                                                                        here.stats.steps_rejected)
-    assert there.stats.steps_accepted + there.stats.steps_rejected > 1 and there.stats.step_mode.startswith("vllm ")
+    assert (there.stats.rsd.steps_accepted, there.stats.rsd.steps_rejected) == (here.stats.rsd.steps_accepted,
+                                                                        here.stats.rsd.steps_rejected)
+    assert there.stats.rsd.steps_accepted + there.stats.rsd.steps_rejected > 1 and there.stats.step_mode.startswith("vllm ")
 
 
 def test_the_bench_on_a_server_prints_the_usual_table(tmp_path, monkeypatch, capsys):
@@ -243,9 +243,9 @@ def test_a_prm_on_a_server_scores_as_in_process():
     cfg = RunConfig(max_think=40, max_answer=20, max_step_tokens=12, threshold=0.5)
     here = final(decode_rsd(target, draft, here_prm, "Start with 7", cfg))
     there = final(decoder("rsd", remote(target)[0], remote(draft)[0], served)("Start with 7", cfg))
-    assert (there.reasoning_ids, there.answer_ids, there.stats.steps_accepted) == \
-        (here.reasoning_ids, here.answer_ids, here.stats.steps_accepted)
-    assert there.stats.steps_accepted + there.stats.steps_rejected > 1
+    assert (there.reasoning_ids, there.answer_ids, there.stats.rsd.steps_accepted) == \
+        (here.reasoning_ids, here.answer_ids, here.stats.rsd.steps_accepted)
+    assert there.stats.rsd.steps_accepted + there.stats.rsd.steps_rejected > 1
     # connect_prm: the bundled PRM by name, its tokenizer loaded here, the server checked
     bundled = connect_prm("tiny-prm", "http://vllm.test",
                           transport=FakeVllm(load_model("tiny-prm", device="cpu"), name="tiny-prm").transport)

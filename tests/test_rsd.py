@@ -173,19 +173,19 @@ def run(mode, threshold=0.7, scorer=None, prompt="Start with 7", **kw):
 def test_threshold_zero_equals_draft_alone(prompt):
     rsd, alone = run("rsd", threshold=0.0, prompt=prompt)[-1], run("draft", prompt=prompt)[-1]
     assert rsd.reasoning_ids + rsd.answer_ids == alone.reasoning_ids + alone.answer_ids
-    assert rsd.stats.steps_rejected == 0 and rsd.stats.steps_accepted > 0
+    assert rsd.stats.rsd.steps_rejected == 0 and rsd.stats.rsd.steps_accepted > 0
 
 
 @pytest.mark.parametrize("prompt", ["Start with 7", "hello world", "héllo 😀"])
 def test_threshold_above_one_equals_target_alone(prompt):
     rsd, alone = run("rsd", threshold=1.01, prompt=prompt)[-1], run("target", prompt=prompt)[-1]
     assert rsd.reasoning_ids + rsd.answer_ids == alone.reasoning_ids + alone.answer_ids
-    assert rsd.stats.steps_accepted == 0 and rsd.stats.steps_rejected > 0
+    assert rsd.stats.rsd.steps_accepted == 0 and rsd.stats.rsd.steps_rejected > 0
 
 
 def test_target_likelihood_scorer_runs_the_loop():
     done = run("rsd", threshold=0.0, scorer="target-likelihood")[-1]
-    assert done.stats.steps_accepted > 0 and done.stats.target_tokens > 0
+    assert done.stats.rsd.steps_accepted > 0 and done.stats.target_tokens > 0
 
 
 def test_events_and_accounting():
@@ -193,7 +193,7 @@ def test_events_and_accounting():
     done = events[-1]
     steps = [e for e in events if e.kind == "step"]
     kept = [e for e in steps if e.accepted is not False]
-    assert len(kept) == done.stats.steps_accepted + done.stats.steps_rejected
+    assert len(kept) == done.stats.rsd.steps_accepted + done.stats.rsd.steps_rejected
     assert all(0 <= e.reward <= 1 for e in steps if e.reward is not None)
     rejected_draft = [e for e in events if e.kind == "token" and e.stream == "draft" and e.status == "rejected"]
     assert len(rejected_draft) == done.stats.rejected
@@ -205,8 +205,8 @@ def test_events_and_accounting():
     assert s.flops == s.target_flops + s.draft_flops + s.prm_flops
     # each model sees every shared token once, plus what it wrote and threw away: no re-encoding
     total = s.prompt_tokens + s.reasoning_tokens + s.answer_tokens
-    assert s.target_tokens <= total + s.steps_accepted + s.steps_rejected + 1
-    assert s.draft_model_tokens <= total + s.rejected + s.steps_accepted + s.steps_rejected + 1
+    assert s.target_tokens <= total + s.rsd.steps_accepted + s.rsd.steps_rejected + 1
+    assert s.draft_model_tokens <= total + s.rejected + s.rsd.steps_accepted + s.rsd.steps_rejected + 1
 
 
 def test_incompatible_pair_is_refused_before_anything_runs():
@@ -231,7 +231,7 @@ def test_draft_doubt_rewrites_steps_the_prm_would_keep():
     rejected = [e for e in doubting if e.kind == "step" and e.accepted is False]
     assert rejected and all(0.0 <= e.confidence < 1.0 and e.reward is not None for e in rejected)
     trusting = run("rsd", threshold=0.0, draft_confidence=0.0)[-1]  # off: the paper's rule alone
-    assert trusting.stats.steps_rejected == 0
+    assert trusting.stats.rsd.steps_rejected == 0
 
 
 def test_steps_carry_the_drafts_confidence_into_the_log(tmp_path):

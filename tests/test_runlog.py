@@ -96,7 +96,7 @@ def test_old_schema_is_migrated(tmp_path):
     log = RunLog(path)
     old = log.runs()[0]
     assert old["model"] == "old-model" and "tokens_per_s" in old and old["tokens_per_s"] is None
-    assert set(RunStats.field_names()) - {"method"} <= set(log.columns())
+    assert set(RunStats.columns()) - {"method"} <= set(log.columns())
     assert query(path, "select value from meta where key = 'schema_version'") == [(str(SCHEMA_VERSION),)]
 
 
@@ -121,7 +121,7 @@ def test_a_log_of_schema_17_opens_and_its_rows_show_what_they_have(tmp_path):
     assert old["recovered"] == 40 and old["lookup_reasoning"] is None
     assert {t.name: t.y[0] for t in token_composition([old]).data} == {"accepted": 0, "recovered": 40, "lookups": 0,
                                                                        "generated": 5}
-    stats = RunStats(**{k: old[k] for k in RunStats.field_names() if old.get(k) is not None})
+    stats = RunStats.from_dict({k: v for k, v in old.items() if v is not None})
     assert stats.won()["suffix in drafts"] == 40 and stats.repetition() == ""
 
 

@@ -43,9 +43,9 @@ def test_the_server_verifies_from_the_drafts_and_the_answer_is_plain_decodings(l
     assert (there.reasoning_ids, there.answer_ids) == (plain.reasoning_ids, plain.answer_ids)
     assert not any("prompt_logprobs" in r for r in server.requests), "no client-side verify"
     s = there.stats
-    assert s.server_speculation == "suffix" and s.server_note == "" and s.verify.startswith("on the server")
-    assert s.server_accepted > 0 and s.server_proposed >= s.server_accepted and s.server_steps > 0
-    assert s.accepted == s.server_accepted and s.accepted + s.generated == s.answer_tokens  # every token coloured once
+    assert s.server.speculation == "suffix" and s.server.note == "" and s.verify.startswith("on the server")
+    assert s.server.accepted > 0 and s.server.proposed >= s.server.accepted and s.server.steps > 0
+    assert s.accepted == s.server.accepted and s.accepted + s.generated == s.answer_tokens  # every token coloured once
     recoloured = [e for e in events if isinstance(e, TokenEvent) and e.stream == "answer" and e.status == "accepted"]
     assert recoloured and all(e.source.startswith(RECONSTRUCTED) for e in recoloured)
     assert any(": draft 0 at " in e.source for e in recoloured), "the accepted runs are found in the draft"
@@ -59,11 +59,11 @@ def test_a_server_that_sends_no_metrics_is_said_never_silently_replaced(lm):
     there = list(decoder("ssr", rm)(PROMPTS[0], cfg))[-1]
     *_, plain = decode_baseline(lm, PROMPTS[0], cfg)
     assert there.answer_ids == plain.answer_ids and there.stats.accepted == 0
-    assert "sent no per-request speculative metrics" in there.stats.server_note
+    assert "sent no per-request speculative metrics" in there.stats.server.note
     assert not any("prompt_logprobs" in r for r in server.requests)  # still no client-side loop
     rm, _ = served(lm, speculation=None)  # declared, but the server does not speculate at all
     there = list(decoder("ssr", rm)(PROMPTS[0], cfg))[-1]
-    assert there.answer_ids == plain.answer_ids and "sent no per-request speculative metrics" in there.stats.server_note
+    assert there.answer_ids == plain.answer_ids and "sent no per-request speculative metrics" in there.stats.server.note
 
 
 def test_a_server_not_declared_speculating_gets_the_client_side_verify(lm):
@@ -121,7 +121,7 @@ def test_the_answer_waits_for_the_drafts_so_its_passes_do_not_race_them(lm):
         client = VllmClient("http://vllm.test/v1", "tiny", timeout=30, transport=server.transport)
         rm = RemoteModel(client, lm.tokenizer, lm.model_id, lm.markers, lm.eos_ids, speculation="suffix")
         done = list(decoder("ssr", rm)(prompt, cfg))[-1]
-        figures.append((done.stats.server_steps, done.stats.server_accepted, done.answer_ids))
+        figures.append((done.stats.server.steps, done.stats.server.accepted, done.answer_ids))
         close = list(lm.markers.close_ids)
         drafts = [(r, out) for r, out in server.streams if r["prompt"][-len(close):] == close]
         whole = [len(out) == r["max_tokens"] or (out and out[-1] in lm.eos_ids) for r, out in drafts]

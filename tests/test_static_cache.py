@@ -439,8 +439,8 @@ def test_compiled_rsd_is_token_for_token_the_same(eager_compiled, scorer):
     cfg = RunConfig(max_think=40, max_answer=20, max_step_tokens=12, threshold=0.5)
     runs = {mode: final(decode_rsd(target, draft, prm, "Start with 7", cfg.replace(compile=mode))) for mode in ("off", "on")}
     assert (runs["on"].reasoning_ids, runs["on"].answer_ids) == (runs["off"].reasoning_ids, runs["off"].answer_ids)
-    assert (runs["on"].stats.steps_accepted, runs["on"].stats.steps_rejected) == \
-        (runs["off"].stats.steps_accepted, runs["off"].stats.steps_rejected)
+    assert (runs["on"].stats.rsd.steps_accepted, runs["on"].stats.rsd.steps_rejected) == \
+        (runs["off"].stats.rsd.steps_accepted, runs["off"].stats.rsd.steps_rejected)
     assert runs["on"].stats.step_mode == "compiled" and runs["on"].stats.compile_s > 0 and runs["on"].stats.cache_mb > 0
 
 

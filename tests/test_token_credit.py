@@ -83,7 +83,7 @@ def assert_credited_once(events: list, tmp_path) -> RunStats:
     # the run log's row: the same counts, column by column, and the same acceptance
     log = RunLog(tmp_path / f"runs-{s.method}.db")
     row = log.run(log.save(RunMeta(s.method, "m", "p"), events, "ok"))
-    logged = RunStats(**{k: row[k] for k in RunStats.field_names() if row.get(k) is not None})
+    logged = RunStats.from_dict({k: v for k, v in row.items() if v is not None})
     assert logged.won() == won and [p.words() for p in logged.by_proposer()] == [p.words() for p in s.by_proposer()]
     chart = {t.name: t.y[0] for t in token_composition([row]).data}
     assert chart == {"accepted": s.accepted, "recovered": s.recovered, "lookups": sum(

@@ -53,3 +53,20 @@ def test_a_row_logged_before_a_column_existed_exports_and_imports(studio):
     assert json.loads(Path(path).read_text())["run"]["lookup_prompt"] is None
     frame = studio.import_trace(path)
     assert "malformed" not in frame.metrics and "error" not in frame.metrics.lower(), frame.metrics
+
+
+@pytest.mark.parametrize("path", OLD, ids=lambda p: p.stem)
+def test_the_runs_stats_come_back_whole_from_a_flat_row(path):
+    """A run's stats are records per method (``rsd``, ``server``, ``exit``) flattened only in the log and
+    the trace (``exit.at`` is the column ``exit_at``): every column an earlier schema wrote reads back into
+    its record and flattens to the same value."""
+    from engine.events import RunStats
+
+    row, _ = run_from_json(path.read_text(encoding="utf-8"))
+    stats = RunStats.from_dict({k: v for k, v in row.items() if v is not None})
+    flat = stats.to_dict()
+    assert {k: row[k] for k in flat if row.get(k) is not None} == {k: flat[k] for k in flat if row.get(k) is not None}
+    if row["method"] == "ssr-exit":
+        assert stats.exit.rule == row["exit_rule"] and stats.exit.rule
+    if row["method"] == "rsd":
+        assert stats.rsd.steps_accepted + stats.rsd.steps_rejected == row["steps_accepted"] + row["steps_rejected"] > 0

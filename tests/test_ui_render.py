@@ -336,25 +336,25 @@ def test_an_early_exit_is_marked_where_it_stopped_live_replayed_and_exported(tmp
     studio = Studio("tiny-reasoner", db=str(tmp_path / "runs.db"))
     final = list(studio.run(EXIT_PROMPT, "SSR early exit", **EXIT_SETTINGS))[-1]
     view, s = final.view, final.view.stats
-    assert s.exit_at is not None and view.exit is not None and view.exit.at_token == s.exit_at
-    agreed = [int(d) for d in s.exit_drafts.split(",")]
+    assert s.exit.at is not None and view.exit is not None and view.exit.at_token == s.exit.at
+    agreed = [int(d) for d in s.exit.drafts.split(",")]
     assert len(agreed) == 2 and view.exit_drafts() == agreed
     before = final.reasoning.split('class="exit-mark"')[0]
-    assert before.count('class="tok ') == s.exit_at  # the badge follows the exit_at-th reasoning token
+    assert before.count('class="tok ') == s.exit.at  # the badge follows the exit_at-th reasoning token
     words = f"drafts {', '.join(map(str, agreed))} agreed"
     assert f"■ early exit: {words}" in final.reasoning
     assert "■ agreed" in view.draft_html(agreed[-1])
     others = [d for d in view.drafts if d not in agreed]
     assert others and all("■ agreed" not in view.draft_html(d) for d in others)
-    assert f"early exit · token {s.exit_at}" in final.timeline and "#dc2626" in final.timeline
+    assert f"early exit · token {s.exit.at}" in final.timeline and "#dc2626" in final.timeline
     strip = _plain(final.metrics)
-    assert "SSR early exit (lossy)" in strip and f"exited at reasoning token {s.exit_at}" in strip
-    assert s.exit_rule and "2 consecutive drafts agree" in strip and words in strip
+    assert "SSR early exit (lossy)" in strip and f"exited at reasoning token {s.exit.at}" in strip
+    assert s.exit.rule and "2 consecutive drafts agree" in strip and words in strip
     assert f"budget left: {600 - s.reasoning_tokens} of Max think 600" in strip  # no baseline: nothing invented
     assert "identical" not in strip and "lossless" not in strip and "same answer" not in strip
     rid = studio.history()[0]["id"]
     replay = studio.replay(rid)
-    assert replay.reasoning.count('class="exit-mark"') == 1 and f"early exit · token {s.exit_at}" in replay.timeline
+    assert replay.reasoning.count('class="exit-mark"') == 1 and f"early exit · token {s.exit.at}" in replay.timeline
     assert "run Compare to see tokens saved" in _plain(replay.metrics)
     page = Path(studio.export(rid, "html")).read_text(encoding="utf-8")
     assert page.count('class="exit-mark"') == 1 and ".exit-mark" in page  # the badge and its style
@@ -366,11 +366,11 @@ def test_an_early_exit_is_marked_where_it_stopped_live_replayed_and_exported(tmp
 
 
 def test_an_ssr_exit_run_that_never_exits_says_it_ran_as_ssr():
-    from engine.events import DoneEvent, RunStats
+    from engine.events import DoneEvent, ExitStats, RunStats
 
     view = TraceView(method="ssr-exit", budgets=(100, 20))
     view.apply(TokenEvent("reasoning", "generated", 1, "a", 0, 0.1))
-    view.apply(DoneEvent(RunStats(wall_s=0.2, reasoning_tokens=1, exit_rule="3 consecutive drafts agree"), "a", "x"))
+    view.apply(DoneEvent(RunStats(wall_s=0.2, reasoning_tokens=1, exit=ExitStats(rule="3 consecutive drafts agree")), "a", "x"))
     strip = _plain(metrics_html(view, "SSR early exit"))
     assert "no exit: the rule never held in" in strip and "ran as SSR" in strip and "exited" not in strip
     assert "exit-mark" not in view.reasoning_html()

@@ -142,7 +142,7 @@ def test_rsd_with_its_target_on_the_server_runs_as_in_process(server):
         here = list(decoder("rsd", target, draft, load_scorer("tiny-prm"))(prompt, cfg))[-1]
         there = list(decoder("rsd", rm, draft, load_scorer("tiny-prm"))(prompt, cfg))[-1]
         assert (there.reasoning_ids, there.answer_ids) == (here.reasoning_ids, here.answer_ids)
-        assert there.stats.steps_accepted + there.stats.steps_rejected > 1 and there.stats.step_mode.startswith("vllm")
+        assert there.stats.rsd.steps_accepted + there.stats.rsd.steps_rejected > 1 and there.stats.step_mode.startswith("vllm")
 
 
 @pytest.mark.numeric
@@ -163,7 +163,7 @@ def test_a_prm_on_pooling_scores_as_in_process_and_rsd_runs_on_three_servers(ser
     draft = load_model("tiny-reasoner-draft", device="cpu")
     done = list(decoder("rsd", rm, draft, there)(make_example("arithmetic", EVAL_SEED_BASE + 730).prompt,
                                                   RunConfig(max_think=300, max_answer=100, threshold=0.5)))[-1]
-    assert done.stats.steps_accepted + done.stats.steps_rejected > 1 and done.answer_ids
+    assert done.stats.rsd.steps_accepted + done.stats.rsd.steps_rejected > 1 and done.answer_ids
 
 
 def test_ssr_on_a_speculating_server_is_exact_and_the_server_takes_the_drafts(suffix_server):
@@ -183,5 +183,5 @@ def test_ssr_on_a_speculating_server_is_exact_and_the_server_takes_the_drafts(su
         assert (there.reasoning_ids, there.answer_ids) == (here.reasoning_ids, here.answer_ids)
         s = there.stats
         # the server may count the end of sequence among what it accepted: it is no answer token
-        assert s.server_note == "" and s.server_accepted > 0 and s.server_accepted - 1 <= s.accepted <= s.server_accepted
+        assert s.server.note == "" and s.server.accepted > 0 and s.server.accepted - 1 <= s.accepted <= s.server.accepted
         assert s.verify.startswith("on the server")

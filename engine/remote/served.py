@@ -21,7 +21,7 @@ server reports in its last chunk (``--per-request-spec-decode-metrics detailed``
 found in a draft is labelled with it ("the server's speculation (reconstructed): draft 0 at 14").
 The user declares the server's method (``--server-speculation suffix``: vLLM's API does not expose
 its speculative config); a run whose server sends no speculative metrics, or proposes nothing,
-says so in the strip (``RunStats.server_note``) and is never silently turned into the client-side
+says so in the strip (``RunStats.server.note``) and is never silently turned into the client-side
 loop.
 """
 
@@ -49,7 +49,7 @@ def decode_served_ssr(rm: RemoteModel, prompt: str, cfg: RunConfig) -> Iterator[
     rec = _recorder(rm, "ssr", prompt_ids)
     rec.stats.verify = f"{ON_SERVER}: its {rm.speculation} speculation (no client-side verify)"
     rec.stats.lookups = lookups_set_aside(cfg)
-    rec.stats.server_speculation = rm.speculation
+    rec.stats.server.speculation = rm.speculation
     index = SuffixIndex(cfg.min_match)
     index.extend("prompt", prompt_ids)
     state = RemoteState(rm, cfg, rec, index, prompt_ids)

@@ -19,7 +19,7 @@ def speculated_answer(rm, rec: Recorder, seq: list[int], max_tokens: int, cfg, d
     """The answer as one plain streamed request after ``seq`` on ``rm``'s speculating server (its
     usage chunk and chunk sizes read), then the tokens its speculation accepted recoloured
     (:func:`recolour`); ``offset``: answer tokens before the request's (a forced template tail)."""
-    rec.stats.server_speculation = rm.speculation
+    rec.stats.server.speculation = rm.speculation
     metrics: dict = {}
     chunks: list[int] = []
     t0, kept = rec.now(), 0
@@ -45,19 +45,19 @@ def recolour(drafts: list, rec: Recorder, offset: int, chunks: list[int], spec: 
     declared speculation."""
     st = rec.stats
     if not spec:
-        st.server_note = (f"declared {st.server_speculation} speculation, but the server sent no per-request "
+        st.server.note = (f"declared {st.server.speculation} speculation, but the server sent no per-request "
                           "speculative metrics: start it with --speculative-config and "
                           "--per-request-spec-decode-metrics detailed (docs/SCALING.md)")
         return
-    st.server_accepted = int(spec.get("num_accepted_draft_tokens", 0))
-    st.server_proposed = int(spec.get("num_draft_tokens", 0))
-    st.server_steps = int(spec.get("num_spec_steps", 0))
-    if not st.server_proposed:
-        st.server_note = f"the server's {st.server_speculation} speculation proposed nothing on this answer"
+    st.server.accepted = int(spec.get("num_accepted_draft_tokens", 0))
+    st.server.proposed = int(spec.get("num_draft_tokens", 0))
+    st.server.steps = int(spec.get("num_spec_steps", 0))
+    if not st.server.proposed:
+        st.server.note = f"the server's {st.server.speculation} speculation proposed nothing on this answer"
     answer = rec.streams.get(("answer", None), [])
     steps = engine_steps(chunks, spec.get("per_step_accepted"))
     if steps is None:
-        st.server_note = st.server_note or (f"the server accepted {st.server_accepted} proposed tokens; its stream "
+        st.server.note = st.server.note or (f"the server accepted {st.server.accepted} proposed tokens; its stream "
                                             "and its metrics do not say which, so the answer is not recoloured")
         return
     p = offset

@@ -103,7 +103,7 @@ def _migrate_13(db: sqlite_utils.Database) -> None:
 
 
 def _migrate_14(db: sqlite_utils.Database) -> None:
-    """Version 14: an early-exit run that never exited says why (``RunStats.exit_why``). Runs logged
+    """Version 14: an early-exit run that never exited says why (``RunStats.exit.why``). Runs logged
     before have none: their strip says the rule never held."""
     _add_columns(db["runs"], _stats_columns())
 
@@ -141,7 +141,9 @@ MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _mi
 
 def _stats_columns() -> dict:
     kinds = {"int": int, "str": str}  # annotations are strings here ("int | None" is an int); the rest are floats
-    return {f.name: kinds.get(f.type.split(" |")[0], float) for f in dataclasses.fields(RunStats) if f.name != "method"}
+    hints = {owner: {f.name: f.type for f in dataclasses.fields(owner)} for owner, _ in RunStats.columns().values()}
+    return {name: kinds.get(hints[owner][attr].split(" |")[0], float)
+            for name, (owner, attr) in RunStats.columns().items() if name != "method"}
 
 
 EVENT_COLUMNS = ("run_id", "seq", "kind", "stream", "status", "token_id", "text", "position", "draft", "source",

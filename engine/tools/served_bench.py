@@ -34,7 +34,7 @@ JUNK = "Name three colours of the rainbow, then count to ten in words."
 
 def answer_passes(stats) -> int:
     """Forward passes the server spent on the answer: one per engine step."""
-    return stats.answer_tokens - stats.server_accepted
+    return stats.answer_tokens - stats.server.accepted
 
 
 def isolate(lm, n: int) -> None:
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                **{f"{k}_reasoning_s": r.stats.prefill_s + r.stats.reasoning_s for k, r in (("plain", a), ("suffix", b),
                                                                                             ("ssr", c))},
                "plain_passes": a.stats.answer_tokens, "suffix_passes": answer_passes(b.stats),
-               "ssr_passes": answer_passes(c.stats), "ssr_note": c.stats.server_note, "suffix_note": b.stats.server_note}
+               "ssr_passes": answer_passes(c.stats), "ssr_note": c.stats.server.note, "suffix_note": b.stats.server.note}
         runs.append(row)
         print(f"{p.id:>16}: plain {row['plain_s']:.3f}s  suffix {row['suffix_s']:.3f}s  ssr {row['ssr_s']:.3f}s  "
               f"answer passes {row['plain_passes']} / {row['suffix_passes']} / {row['ssr_passes']}  "

@@ -40,7 +40,7 @@ class ExitBudget(SSRBudget):
         self.exit: Exit | None = None
         self._probs: dict[int, list[torch.Tensor]] = {}  # per draft, each token's probability (on the device)
         self._probes: dict[int, Probe] = {}  # the finished drafts, judged once
-        state.rec.stats.exit_rule = self.rule.describe(cfg.draft_interval)
+        state.rec.stats.exit.rule = self.rule.describe(cfg.draft_interval)
 
     def drafted(self, draft: Draft, token: int, logits: torch.Tensor) -> None:
         if self.rule.confidence > 0:  # read back once, when the draft is judged (no device sync per token)
@@ -62,15 +62,15 @@ class ExitBudget(SSRBudget):
     def open_answer(self, rec: Recorder) -> Iterator[Event]:
         if self.exit is not None:
             s = rec.stats
-            s.exit_at, s.exit_drafts = self.exit.at, ",".join(map(str, self.exit.drafts))
-            s.exit_answer, s.exit_score = self.exit.key.partition(":")[2][:200], self.exit.confidence
+            s.exit.at, s.exit.drafts = self.exit.at, ",".join(map(str, self.exit.drafts))
+            s.exit.answer, s.exit.score = self.exit.key.partition(":")[2][:200], self.exit.confidence
             yield PhaseEvent("exit", rec.now(), self.exit.drafts[-1], self.exit.at)
         else:
-            rec.stats.exit_why = self.why_not()
+            rec.stats.exit.why = self.why_not()
         yield from super().open_answer(rec)
 
     def why_not(self) -> str:
-        """Why the rule never held, with the counts (``RunStats.exit_why``): drafts that never forked,
+        """Why the rule never held, with the counts (``RunStats.exit.why``): drafts that never forked,
         drafts still writing when the reasoning ended (only finished drafts count), drafts cut short or
         with no answer, and what the finished ones said against what the rule needs."""
         drafts, probes = self.state.drafts, sorted(self._finished(), key=lambda p: p.index)

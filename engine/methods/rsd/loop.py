@@ -97,8 +97,8 @@ def decode_rsd(target, draft, scorer, prompt: str, cfg: RunConfig, mode: str = "
         yield StepEvent(index, text, author.source, shown.reward, shown.kept, rec.now(),
                         step.confidence if author.shows_confidence else None)
         # 5. record
-        rec.stats.steps_accepted += verdict.kept is True
-        rec.stats.steps_rejected += verdict.kept is False
+        rec.stats.rsd.steps_accepted += verdict.kept is True
+        rec.stats.rsd.steps_rejected += verdict.kept is False
         roles.judge.commit(text)
         seq += step.tokens
         if step.ended:
@@ -171,8 +171,8 @@ def _account(rec: Recorder, writers: dict[str, StepWriter], judge: Judge) -> Non
     s.flops = s.target_flops + s.draft_flops + s.prm_flops
     s.forward_calls = calls
     kept, rejected = judge.rewards[True], judge.rewards[False]
-    s.mean_reward_accepted = sum(kept) / len(kept) if kept else None
-    s.mean_reward_rejected = sum(rejected) / len(rejected) if rejected else None
+    s.rsd.mean_reward_accepted = sum(kept) / len(kept) if kept else None
+    s.rsd.mean_reward_rejected = sum(rejected) / len(rejected) if rejected else None
 
 
 def _method(mode: str, label: str, summary: str, studio: tuple[str, ...], color: str) -> Method:
