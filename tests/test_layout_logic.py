@@ -354,3 +354,17 @@ def test_the_page_keeps_its_api(studio):
                                    "question_field", "answer_field", "model", *settings.RUN_SETTINGS]
     assert names("/history") == ["method_name", "dataset_name", "leave_out_slow", "model_name"]
     assert names("/replay") == ["rid", "x"]
+
+
+def test_picking_a_method_shows_its_summary_and_draft_start_where_it_forks():
+    from engine.registry import method_of
+    from ssr_ui.handlers import METHOD_NAMES, MODES
+    from ssr_ui.tabs.run import method_shown
+
+    for label in MODES:
+        about, box, slider = method_shown(label)
+        forks = label == "Compare" or method_of(METHOD_NAMES[label]).ssr_loop
+        assert box["visible"] is slider["visible"] is forks, label
+        assert about.startswith('<p class="method-about">') and len(about) > 40, label
+    assert method_of("sd").summary.split(":")[0] in method_shown("Speculative decoding")[0]
+    assert not method_shown("Speculative decoding")[1]["visible"] and method_shown("SSR")[1]["visible"]

@@ -18,8 +18,9 @@ from engine.runtime.gguf import installed
 from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 from engine.wiring import RUNTIMES
 from ssr_ui.frame import where_time_goes
-from ssr_ui.handlers import MODES, Studio, compare_shows, continued
-from ssr_ui.render import LEGEND, TraceView
+from engine.registry import method_of
+from ssr_ui.handlers import COMPARE_RUNS, METHOD_NAMES, MODES, Studio, compare_shows, continued
+from ssr_ui.render import LEGEND, TraceView, esc
 from ssr_ui.tabs.common import PICKED, PRIVATE, as_sent, timeline_box, wire_timeline_axis
 from ssr_ui.tabs.endpoints import api_signature, busy, job_of, model_jobs, stopper
 from ssr_ui.tabs.settings import (
@@ -114,6 +115,7 @@ class RunTab:
     draft_start: gr.Number
     slider: gr.Slider  # draft start's
     method: gr.Radio
+    about: gr.HTML  # the method's summary, from its record
     model: gr.Dropdown
     runtime: gr.Radio
     thinking: gr.Checkbox
@@ -187,8 +189,22 @@ def _ask_column(cfg: RunConfig) -> dict:
                 stop_btn=stop_btn, draft_start=draft_start, slider=slider)
 
 
+def method_shown(label: str) -> tuple:
+    """The method picked (a label of the Run tab's, or "Compare"): its summary (the record's words) and
+    whether Draft start shows (the methods on SSR's loop fork drafts from the reasoning; the others have
+    nothing to start)."""
+    if label == "Compare":
+        summary, forks = (f"{', '.join(COMPARE_RUNS)}, one after another on the same prompt and settings, each "
+                          "timed against the baseline run"), True
+    else:
+        method = method_of(METHOD_NAMES[label])
+        summary, forks = method.summary, method.ssr_loop
+    return f'<p class="method-about">{esc(summary)}</p>', gr.update(visible=forks), gr.update(visible=forks)
+
+
 def _model_column(studio: Studio, cfg: RunConfig) -> dict:
     method = gr.Radio(list(MODES), value="SSR", label="Method", elem_id="method")
+    about = gr.HTML(method_shown("SSR")[0], elem_id="method-about")
     public = studio.public.on  # a shared studio's vet names the models it offers
     model = as_sent(gr.Dropdown(studio.public.choices(model_choices(studio.default_model)),
                                 value=studio.default_model, label="Model", elem_id="model",
@@ -203,7 +219,7 @@ def _model_column(studio: Studio, cfg: RunConfig) -> dict:
                            info="off: the answer alone, where the model's chat template has a "
                                 "thinking switch (Qwen3's enable_thinking); SSR then has no reasoning "
                                 "to draft from (docs/TEMPLATES.md)")
-    return dict(method=method, model=model, runtime=runtime, thinking=thinking)
+    return dict(method=method, about=about, model=model, runtime=runtime, thinking=thinking)
 
 
 def _panes(empty: TraceView) -> dict:
@@ -321,6 +337,7 @@ def wire_picks(studio: Studio, tab: RunTab) -> None:
         else:
             example_set.dataset.click(lambda shows=shows, suits=suits: (shows, suits), None, [tab.method, tab.model],
                                       **PRIVATE)
+    tab.method.change(method_shown, [tab.method], [tab.about, tab.draft_start, tab.slider], **PRIVATE)
     tab.run_pick.input(show_run, [tab.last_runs, tab.run_pick, tab.tl_x],
                        [*tab.panes, tab.last_view, tab.draft_pick, tab.timeline], **PICKED)
     wire_timeline_axis(tab.timeline, tab.tl_x, tab.last_view)
