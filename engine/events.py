@@ -325,6 +325,13 @@ class ProposerAcceptance:
     def mean_acceptance_length(self) -> float | None:
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
 
+    def per_verify(self) -> str:
+        """Tokens accepted of tokens proposed, per verify, as the strip and the timeline's cards both say
+        them: "1.3 of 4.0/verify" ("" without a verify)."""
+        if not self.num_drafts:
+            return ""
+        return f"{self.num_accepted_tokens / self.num_drafts:.1f} of {self.num_draft_tokens / self.num_drafts:.1f}/verify"
+
     def words(self) -> str:
         rate, mean = self.acceptance_rate, self.mean_acceptance_length
         return (f"{self.proposer}: {self.num_accepted_tokens} of {self.num_draft_tokens} tokens accepted"

@@ -704,7 +704,7 @@ def _proposer_cells(view: TraceView, method: str, compare: dict | None) -> list:
         items.append(("forwards saved", " · ".join(f"{who} {n}" for who, n in saved.items())))
     if rates := s.by_proposer() if s else []:
         items.append(("acceptance", Tipped(" · ".join(
-            f"{p.proposer} {p.acceptance_rate:.0%}, {p.mean_acceptance_length:.1f}/verify" for p in rates),
+            f"{p.proposer} {p.acceptance_rate:.0%}, {p.per_verify()}" for p in rates),
             "; ".join(p.words() for p in rates))))
     if s and s.repetition():
         items.append(("repeating", s.repetition()))

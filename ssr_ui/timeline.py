@@ -23,8 +23,8 @@ import bisect
 import itertools
 from dataclasses import dataclass
 
-from engine.events import ForwardEvent, RowWork
-from engine.forwards import acceptance, mean_accepted, time_split
+from engine.events import ForwardEvent, ProposerAcceptance, RowWork
+from engine.forwards import acceptance, time_split
 from ssr_ui.render import esc
 from ssr_ui.waiting import ordinal
 
@@ -272,14 +272,13 @@ def stats_html(view) -> str:
 
 def _proposer_card(who: str, a: dict[str, list[int]]) -> str:
     n = sum(a["hist"])
-    mean = mean_accepted(a)
     rates = [t / r if r else 0.0 for t, r in zip(a["taken"], a["reached"], strict=True)]
     hist = _mini_bars(a["hist"], [f"accepted {i}: {c} of {n} verifies" for i, c in enumerate(a["hist"])],
                       "#2563eb", max(a["hist"]) or 1)
     pos = _mini_bars(rates, [f"position {i + 1}: {t} of {r} accepted ({100 * t / r:.0f}%)" if r else ""
                              for i, (t, r) in enumerate(zip(a["taken"], a["reached"], strict=True))], "#16a34a", 1.0)
-    return (f'<div class="tl-card"><b>{esc(who)}</b>: {n} verif{"y" if n == 1 else "ies"}, mean accepted '
-            f'{mean:.2f} of {sum(a["reached"]) / n:.2f} proposed'
+    return (f'<div class="tl-card"><b>{esc(who)}</b>: {n} verif{"y" if n == 1 else "ies"}, accepted '
+            f'{ProposerAcceptance.of(who, a).per_verify()}'
             f'<div class="tl-mini"><span>accepted length per verify (0 to {len(a["hist"]) - 1})</span>{hist}</div>'
             f'<div class="tl-mini"><span>acceptance by position in the proposal (1st to {ordinal(len(rates))})</span>'
             f'{pos}</div></div>')

@@ -102,7 +102,8 @@ def assert_credited_once(events: list, tmp_path) -> RunStats:
         assert cells[name].split()[0] == str(n), (name, cells[name])
     assert int(cells.get("lookups", "0").split()[0]) == colours["lookups"]
     for p in s.by_proposer():
-        assert f"{p.proposer} {p.acceptance_rate:.0%}, {p.mean_acceptance_length:.1f}/verify" in cells["acceptance"]
+        assert f"{p.proposer} {p.acceptance_rate:.0%}, {p.per_verify()}" in cells["acceptance"]
+        assert p.per_verify() == f"{p.num_accepted_tokens / p.num_drafts:.1f} of {p.num_draft_tokens / p.num_drafts:.1f}/verify"
     assert ("repeating" in cells) == (2 * colours["lookups"] > s.answer_tokens)
     return s
 

@@ -13,12 +13,12 @@ import gradio as gr
 from engine.config import LABELS, RunConfig
 from engine.llamacpp import lib as llama_lib
 from engine.presets import BUNDLED, PRESETS
+from engine.registry import method_of
 from engine.runtime.gguf import REGISTRY as GGUF_REGISTRY
 from engine.runtime.gguf import installed
 from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 from engine.wiring import RUNTIMES
 from ssr_ui.frame import where_time_goes
-from engine.registry import method_of
 from ssr_ui.handlers import COMPARE_RUNS, METHOD_NAMES, MODES, Studio, compare_shows, continued
 from ssr_ui.render import LEGEND, TraceView, esc
 from ssr_ui.tabs.common import PICKED, PRIVATE, as_sent, timeline_box, wire_timeline_axis
