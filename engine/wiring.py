@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from engine.config import RunConfig, fit_budgets
 from engine.llamacpp.model import RUNTIME as LLAMA
 from engine.llamacpp.model import LlamaModel, load_llama
-from engine.methods.rsd.loop import check_pair
 from engine.methods.rsd.prm import MathShepherdScorer, QwenMathPRMScorer
+from engine.methods.seams import check_pair
 from engine.presets import recommended_settings
 from engine.remote.model import RemoteModel, connect
 from engine.remote.prm import connect_prm

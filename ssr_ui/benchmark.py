@@ -26,7 +26,7 @@ from engine.benchmarks.runner import Bench
 from engine.benchmarks.summary import summarize, table_cells, tokens_per_forward, verdict_lines
 from engine.config import number
 from engine.methods.exit.budget import NAME as EXIT
-from engine.methods.rsd.loop import check_pair
+from engine.methods.seams import check_pair
 from engine.presets import with_exit_probes
 from engine.registry import methods as registered
 from engine.registry import on_ssr_loop, uses

@@ -44,9 +44,8 @@ from engine.events import Event, RowWork, RunStats, TokenEvent
 from engine.methods.budget import ThinkBudget
 from engine.methods.contract import Method
 from engine.methods.recorder import Recorder
-from engine.methods.rsd.loop import check_pair
 from engine.methods.sd import LOOKAHEAD
-from engine.methods.seams import StepModel
+from engine.methods.seams import StepModel, check_pair
 from engine.runtime.cached import Span
 from engine.runtime.markers import ThinkMarkers
 

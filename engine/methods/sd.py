@@ -56,9 +56,8 @@ from engine.events import Event, ForwardEvent, RowWork
 from engine.methods.budget import ThinkBudget
 from engine.methods.contract import Method
 from engine.methods.recorder import Recorder
-from engine.methods.rsd.loop import check_pair
 from engine.methods.sampling import Chooser, sample
-from engine.methods.seams import StepModel
+from engine.methods.seams import StepModel, check_pair
 from engine.runtime.cache import cache_mb
 from engine.runtime.cached import CachedModel
 from engine.runtime.probe import require

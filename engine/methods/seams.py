@@ -12,6 +12,8 @@
   there) provide it; the remote loops (``engine.remote.decode``) stream and verify through their
   server instead.
 
+:func:`check_pair`: a draft model and its target share one tokenizer.
+
 The composition root (``engine.registry``) pairs a method with a backend; no method imports one.
 ``tests/test_architecture.py`` checks both classes against these declarations.
 """
@@ -62,6 +64,15 @@ class ModelBackend(Protocol):
         """Make ready, before the run's clock starts, every step shape a run of these sizes can
         meet, yielding progress as it goes (nothing when there is nothing to do)."""
         ...
+
+
+def check_pair(target: ModelBackend, draft: ModelBackend) -> None:
+    """A draft model's proposals are the target's tokens only where the two share a tokenizer: same
+    vocabulary, same ids (ValueError naming both otherwise). Every method with a draft model checks it
+    before its first forward (sd, RSD, hf-assisted), and so do the studio and the bench when they pair them."""
+    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+        raise ValueError(f"draft model {draft.model_id} and target model {target.model_id} do not share a "
+                         "tokenizer: a draft model's proposals need identical vocabularies")
 
 
 @runtime_checkable

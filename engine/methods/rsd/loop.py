@@ -29,16 +29,9 @@ from engine.methods.contract import Method, Models
 from engine.methods.recorder import Recorder
 from engine.methods.rsd.roles import PLANS, RSD_METHODS, UNJUDGED, Judge, Verdict, cast
 from engine.methods.rsd.writer import LocalWriter, Step, StepWriter, WriterFactory
-from engine.methods.seams import ModelBackend, ThinkMarkers
+from engine.methods.seams import ThinkMarkers, check_pair
 from engine.runtime.cache import cache_mb
 from engine.runtime.cached import CachedModel, Span
-
-
-def check_pair(target: ModelBackend, draft: ModelBackend) -> None:
-    """Draft and target must share a tokenizer: same vocabulary, same ids."""
-    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
-        raise ValueError(f"draft model {draft.model_id} and target model {target.model_id} do not share a "
-                         "tokenizer: a draft model's proposals need identical vocabularies")
 
 
 def decode_rsd(target, draft, scorer, prompt: str, cfg: RunConfig, mode: str = "rsd",
