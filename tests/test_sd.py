@@ -271,6 +271,20 @@ def test_the_forwards_add_up_with_recurrent_rollbacks():
     assert rereads, "a recurrent state's rollback re-reads its kept tokens: recorded as a forward"
 
 
+def test_a_recurrent_models_rereads_stay_one_rounds():
+    """Each round's rollback re-reads from a mark where the last round kept its text: the tokens re-read
+    over a run are at most a round's proposal per round, not the whole text each round (quadratic)."""
+    lm, draft = family_model("qwen3.5-4b"), family_model("qwen3.5-4b", seed=1)
+    events = list(decode_sd(lm, draft, PROMPTS[0], RunConfig(max_think=40, max_answer=30)))
+    rounds = [f for f in events if isinstance(f, ForwardEvent) and f.rows[0].row == "main" and f.rows[0].proposed]
+    assert len(rounds) > 10
+    for row in ("main", DRAFT_ROW):
+        rereads = [f.rows[0].fed for f in events if isinstance(f, ForwardEvent) and f.rows[0].row == row
+                   and f.rows[0].kept == 0 and f.phase != "prefill"]
+        # a round re-reads what it owed and kept (its proposal and pick; a forced marker once): linear in the rounds
+        assert rereads and sum(rereads) <= (LOOKAHEAD + 2) * len(rounds) + 16, (row, rereads)
+
+
 def _assert_the_draft_pane(events) -> None:
     """The draft model's forwards are row "draft 0", each writing one token of draft 0; each draft token ends
     accepted or rejected; the verifies name the draft model; the stats count both models."""

@@ -258,10 +258,13 @@ def _propose(rec: Recorder, dm: CachedModel, chooser: Chooser, text: list[int], 
 def _roll_back(rec: Recorder, model: CachedModel, row: str, text: list[int]) -> Iterator[ForwardEvent]:
     """Roll ``model``'s cache back to what it shares with ``text``, less at least the text's last token
     (the next round's first forward reads it: its logits predict the next pick). A recurrent state
-    re-reads its kept tokens from its last mark (``CachedModel.rollback``): recorded, as forwards of ``row``."""
+    re-reads its kept tokens from its last mark (``CachedModel.rollback``): recorded, as forwards of ``row``;
+    then the state is marked there, where the next round's rollback starts (the text only grows), so a
+    round re-reads its own tokens, never the run's."""
     same = next((i for i, (a, b) in enumerate(zip(model.ids, text, strict=False)) if a != b), min(model.length, len(text)))
     seen = len(model.spans)
     model.rollback(min(same, len(text) - 1))
+    model.mark()
     for span in model.spans[seen:]:
         yield rec.forward(span.start - rec.t0, [RowWork(row, span.fed)], end=span.end - rec.t0,
                           phase="drafting" if row == DRAFT_ROW else None)

@@ -97,9 +97,15 @@ class CachedModel:
         if self.length == len(seq) and self._last_logits is None:  # logits were discarded: re-feed the last token
             self.rollback(len(seq) - 1)
         logits = self._last_logits if self.length == len(seq) else self.feed(seq[self.length :])
+        self.mark()
+        return logits
+
+    def mark(self) -> None:
+        """Where the cache ends now, mark a recurrent state (nothing to do for attention caches): a later
+        :meth:`rollback` to here or beyond re-reads only the tokens after it. A loop that rolls back
+        every round marks what it keeps, so its re-reads stay one round's, not the run's."""
         if self.lm.layout.recurrent:
             self._mark = checkpoint(self.cache, self.length)
-        return logits
 
     def token_probs(self, seq: list[int], tokens: list[int]) -> list[float]:
         """The model's probability of each of ``tokens`` after ``seq`` (and the ones before it);
