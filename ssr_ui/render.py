@@ -745,7 +745,19 @@ def _versus_cells(view: TraceView, method: str, compare: dict | None) -> list:
     return items
 
 
-STRIP_SECTIONS = (_run_cells, _token_cells, _where_cells, _work_cells, _proposer_cells, _versus_cells)
+def _method_cells(view: TraceView, method: str, compare: dict | None) -> list:
+    """The cells the run's method adds itself (``Method.cells``, from its finished run's stats), after every
+    run's; a method's function that fails says so in a cell instead of breaking the strip."""
+    mine = known(view.method)
+    if mine is None or mine.cells is None or view.stats is None or view.phase not in ("done", "ok", "imported"):
+        return []
+    try:
+        return [(str(key), str(words)) for key, words in mine.cells(view.stats)]
+    except Exception as err:  # noqa: BLE001 (a method of one's own: its bug is shown, the strip still drawn)
+        return [(f"{mine.label}'s cells", f"could not be drawn: {type(err).__name__}: {err}")]
+
+
+STRIP_SECTIONS = (_run_cells, _token_cells, _where_cells, _work_cells, _proposer_cells, _method_cells, _versus_cells)
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,12 @@ THROWAWAY = textwrap.dedent('''
             yield ev
 
 
+    def echo_cells(stats):
+        return [("echoed", f"{stats.answer_tokens} answer tokens, <b>as plain decoding wrote them</b>")]
+
+
     METHOD = Method("echo", "Echo", "plain decoding under another name", start=lambda m: partial(decode_echo, m.target),
-                    studio=STUDIO, color="#123456")
+                    studio=STUDIO, color="#123456", cells=echo_cells)
 ''')
 PROMPT = "Start with 3, then add 4. What is the result?"
 
@@ -57,6 +61,24 @@ def test_a_method_record_checks_what_it_declares():
             Method(**{"name": "mine", "label": "Mine", "summary": "", "start": start, **bad})
     mine = Method("mine", "Mine", "", start)
     assert mine.exact and mine.plain and mine.server and not mine.studio  # the defaults: exact, in process, not shown
+    with pytest.raises(ValueError, match="function of the run's stats"):
+        Method("mine", "Mine", "", start, cells="a cell")
+
+
+def test_a_methods_cells_join_the_strip_and_a_broken_one_says_so(monkeypatch):
+    from engine.events import RunStats
+    from ssr_ui.render import TraceView, metrics_html
+
+    monkeypatch.setattr("engine.registry.REGISTERED", dict(REGISTERED))
+    register(Method("celled", "Celled", "", lambda m: None, cells=lambda s: [("mine", f"{s.answer_tokens} <i>")]))
+    register(Method("broken", "Broken", "", lambda m: None, cells=lambda s: 1 / 0))
+    view = TraceView(method="celled", phase="done")
+    view.stats = RunStats(method="celled", answer_tokens=3)
+    assert ">mine<" in metrics_html(view, "Celled") and "3 &lt;i&gt;" in metrics_html(view, "Celled")
+    view.method, view.stats.method = "broken", "broken"
+    assert "could not be drawn: ZeroDivisionError" in metrics_html(view, "Broken")
+    view.phase = "reasoning"  # a run still going: no cells of its own yet
+    assert "could not be drawn" not in metrics_html(view, "Broken")
 
 
 def test_the_registry_reads_traits_not_names():
@@ -119,6 +141,8 @@ def test_the_studio_offers_a_method_from_its_file(method_file, tmp_path, monkeyp
         client = gradio_client.Client(url, verbose=False)
         metrics = client.predict(prompt=PROMPT, method="Echo", api_name="/run")[3]
         assert "echo" in metrics.lower(), metrics
+        # its own strip cell, from its file, escaped where the strip draws it
+        assert "echoed" in metrics and "&lt;b&gt;as plain decoding wrote them&lt;/b&gt;" in metrics, metrics
         # a Compare runs it beside the others, against its own baseline run
         client.predict(prompt=PROMPT, method="Compare", api_name="/run")
         runs = query(db, "SELECT id, method FROM runs ORDER BY id")
@@ -159,6 +183,7 @@ def test_a_method_from_its_file_in_the_browser_timeline_history_export_and_impor
         assert "Echo" in page.locator(".strip").first.inner_text()
         assert page.evaluate(LANES.replace("ID", "timeline")) == ["main"]
         assert page.locator("#timeline .tl-bar").count() > 0, "every forward is a bar"
+        assert "as plain decoding wrote them" in page.locator(".strip").first.inner_text()
         (rid,), = query(db, "SELECT id FROM runs WHERE method = 'echo'")
         page.get_by_role("tab", name="History").click()
         page.get_by_role("button", name="Refresh").click()
@@ -175,7 +200,7 @@ def test_a_method_from_its_file_in_the_browser_timeline_history_export_and_impor
             exported[kind] = page.request.get(link.get_attribute("href")).text()
         doc = json.loads(exported["JSON"])
         assert doc["run"]["method"] == "echo" and doc["events"]
-        assert "Echo" in exported["HTML"] and "Final answer" in exported["HTML"]
+        assert "Echo" in exported["HTML"] and "Final answer" in exported["HTML"] and "echoed" in exported["HTML"]
         # the import: a fresh page, the exported file, the run shown again with its strip and timeline
         page.goto(url)
         page.wait_for_selector("#method", timeout=60_000)

@@ -322,3 +322,11 @@ def test_hf_assisted_equals_baseline(arch):
             assert (done.reasoning_ids, done.answer_ids) == (base.reasoning_ids, base.answer_ids), arch
             assert_adds_up(events)
     assert lm.model.generation_config.num_assistant_tokens is None, "the assistant's own settings are put back"
+
+
+def test_the_strip_says_what_the_draft_model_cost(studio):
+    """sd's own strip cell (its record's ``cells``): the draft model's tokens and seconds, of the run's."""
+    frames = list(studio.run(PROMPTS[0], "Speculative decoding", "tiny", draft_model="tiny-draft", max_think=12,
+                             max_answer=8))
+    strip = frames[-1].metrics
+    assert "draft model" in strip and f"proposing {LOOKAHEAD} a round" in strip and "tokens read in" in strip, strip

@@ -14,6 +14,8 @@ a file named in ``SSR_STUDIO_METHODS`` for one of your own). The record carries
   why it does not run on a vLLM server, on llama.cpp or with thinking off (empty where it does);
 * where the studio offers it (``studio``: a mode of its own on the Run tab, a run in a Compare, a choice
   on the Benchmark tab);
+* ``cells``: what the studio's strip adds for its finished run, from the run's ``RunStats``: (key,
+  words) pairs, escaped where the strip draws them (None: nothing beyond every run's cells);
 * ``start``: given the run's :class:`Models`, the decoder ``(prompt, cfg) -> events``. Events are the
   engine's spine (``engine.events``): phases, tokens with their status and source, forwards, and one
   final ``DoneEvent``; every consumer reads only those.
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import RunConfig
-from engine.events import Event
+from engine.events import Event, RunStats
 
 Decoder = Callable[[str, RunConfig], Iterator[Event]]
 IN_PROCESS = "in process only"  # the default: a method not offered on a vLLM server, for no reason of its own
@@ -75,6 +77,7 @@ class Method:
     thinking_off: str = ""  # why it does not run with thinking off (the answer alone); "" where it does
     studio: tuple[str, ...] = ()  # where the studio offers it: any of STUDIO
     color: str = "#888888"  # its colour in the charts (History, Compare, the Benchmark tab)
+    cells: Callable[[RunStats], list[tuple[str, str]]] | None = None  # the strip's cells of its own, for a finished run
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").isalnum() or self.name != self.name.lower():
@@ -85,6 +88,8 @@ class Method:
             raise ValueError(f"method {self.name!r}: studio places are {', '.join(STUDIO)} (not {', '.join(unknown)})")
         if not (len(self.color) == 7 and self.color[0] == "#" and all(c in "0123456789abcdefABCDEF" for c in self.color[1:])):
             raise ValueError(f"method {self.name!r}: its color is '#rrggbb' (not {self.color!r})")
+        if self.cells is not None and not callable(self.cells):
+            raise ValueError(f"method {self.name!r}: its cells are a function of the run's stats (not {self.cells!r})")
         if unknown := set(self.uses) - {"draft", "prm"}:
             raise ValueError(f"method {self.name!r}: it may use a 'draft' and a 'prm' (not {', '.join(unknown)})")
 

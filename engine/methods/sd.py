@@ -52,7 +52,7 @@ from functools import partial
 import torch
 
 from engine.config import RunConfig
-from engine.events import Event, ForwardEvent, RowWork
+from engine.events import Event, ForwardEvent, RowWork, RunStats
 from engine.methods.budget import ThinkBudget
 from engine.methods.contract import Method
 from engine.methods.recorder import Recorder
@@ -270,8 +270,15 @@ def _roll_back(rec: Recorder, model: CachedModel, row: str, text: list[int]) -> 
                           phase="drafting" if row == DRAFT_ROW else None)
 
 
+def _cells(s: RunStats) -> list[tuple[str, str]]:
+    """The strip's cell of sd's own: what the draft model read and what it cost of the run."""
+    share = f" ({s.draft_s / s.wall_s:.0%})" if s.wall_s else ""
+    return [("draft model", f"{s.draft_model_tokens} tokens read in {s.draft_s:.2f} s of the run's {s.wall_s:.2f} s"
+                            f"{share}, proposing {LOOKAHEAD} a round")]
+
+
 METHOD = Method("sd", "Speculative decoding", "classic speculative decoding: a draft model proposes "
                 f"{LOOKAHEAD} tokens, the target verifies them in one forward (Leviathan et al. 2023)",
                 start=lambda m: partial(decode_sd, m.target, m.draft), drafts=True, uses=("draft",),
                 llama="has not been checked on the llama.cpp runtime (its draft model's cache there is untested): run "
-                      "it on the transformers runtime", studio=("run", "benchmark"), color="#ea580c")
+                      "it on the transformers runtime", studio=("run", "benchmark"), color="#ea580c", cells=_cells)
