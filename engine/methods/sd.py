@@ -273,8 +273,8 @@ def _roll_back(rec: Recorder, model: CachedModel, row: str, text: list[int]) -> 
 def _cells(s: RunStats) -> list[tuple[str, str]]:
     """The strip's cell of sd's own: what the draft model read and what it cost of the run."""
     share = f" ({s.draft_s / s.wall_s:.0%})" if s.wall_s else ""
-    return [("draft model", f"{s.draft_model_tokens} tokens read in {s.draft_s:.2f} s of the run's {s.wall_s:.2f} s"
-                            f"{share}, proposing {LOOKAHEAD} a round")]
+    words = f"{s.draft_model_tokens} tokens read in {s.draft_s:.2f} s of the run's {s.wall_s:.2f} s{share}"
+    return [("draft model", f"{words}, proposing {LOOKAHEAD} a round")]
 
 
 METHOD = Method("sd", "Speculative decoding", "classic speculative decoding: a draft model proposes "
