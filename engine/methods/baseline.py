@@ -16,6 +16,7 @@ from engine.config import RunConfig
 from engine.events import Event, RowWork
 from engine.methods.budget import ThinkBudget
 from engine.methods.contract import STUDIO, Method
+from engine.methods.plain import PlainText
 from engine.methods.recorder import Recorder
 from engine.methods.sampling import Chooser
 from engine.methods.seams import StepModel
@@ -36,8 +37,9 @@ def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Even
     yield from rec.compiling(lm.prepare_steps(len(prompt_ids) + new_tokens))  # before the clock starts
     rec.start_clock(lm.step_mode)
     chooser = Chooser(cfg.temperature, cfg.top_p, cfg.seed)
-    markers = budget.markers
     seq = CachedModel(lm, len(prompt_ids) + new_tokens)
+
+    text = PlainText(list(prompt_ids), budget, lm.eos_ids, cfg.max_answer)  # the rules, pick by pick
 
     # 1. prefill. A forward is yielded when its logits are read (its pick, or the budget forcing
     #    instead), before the tokens it chose: ``fed`` holds the last forward's timing until then
@@ -45,54 +47,34 @@ def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Even
     t0 = rec.now()
     logits = seq.feed(prompt_ids)  # [V]
     fed = (t0, rec.clock(), len(prompt_ids), "prefill")
-
-    def forward(kept: int, forced: int = 0):
-        start, end, width, phase = fed
-        return rec.forward(start, [RowWork("main", width, kept, forced)], end=end, phase=phase)
-
-    # 2. reasoning (skipped for models without think markers, and with thinking off: everything is the answer)
-    ended = False  # the model ended the sequence inside its reasoning: no answer
-    if markers is not None:
+    if text.stream == "reasoning":  # 2. reasoning, then the answer (thinking off, no markers: the answer alone)
         yield rec.phase("reasoning")
-        reasoning: list[int] = []
-        while True:
-            tok = None if budget.spent(len(reasoning)) else chooser.pick(logits)  # nothing is drawn at the budget
-            if budget.ends_run(tok, lm.eos_ids):
-                ended = True
-                yield forward(0)
-                break
-            forced = tok is None or tok in lm.eos_ids  # the budget, or a prompted model's end of turn, closes it
-            toks = budget.force() if forced else [tok]
-            yield forward(0 if forced else 1, len(toks) + len(budget.forced) if forced else 0)
-            for tok in toks:
-                yield rec.token("reasoning", tok)
-            reasoning += toks
-            t0 = rec.now()
-            logits = seq.feed([*toks, *budget.forced])  # the forced tail rides with the marker
-            fed = (t0, rec.clock(), len(toks) + len(budget.forced), "reasoning")
-            if forced or markers.closes_at(reasoning, len(reasoning) - 1):
-                break
-
-    # 3. answer, opened by the tail budget forcing put after the marker (if it did)
-    yield from budget.open_answer(rec)
-    answered = len(budget.forced)
-    while not ended and answered < cfg.max_answer:
-        tok = chooser.pick(logits)
-        if tok in lm.eos_ids:
-            yield forward(0)
-            fed = None
-            break
-        yield forward(1)
-        yield rec.token("answer", tok)
-        answered += 1
+    else:
+        yield from budget.open_answer(rec)
+    while not text.ended:
+        # 3. one pick (none at the reasoning's budget: the marker is forced), joined by plain decoding's rules
+        tok = chooser.pick(logits) if text.room > 0 else None
+        taken = text.take([] if tok is None else [tok])
+        start, end, width, phase = fed
+        yield rec.forward(start, [RowWork("main", width, taken.kept, len(taken.forced) + len(taken.tail))], end=end,
+                          phase=phase)
         fed = None
-        if answered == cfg.max_answer:
+        if taken.kept:
+            yield rec.token(taken.stream, tok)
+        for forced in taken.forced:  # the end-of-thinking marker (the tail opens the answer)
+            yield rec.token("reasoning", forced)
+        if taken.opened:  # the answer opens, with the tail budget forcing put after the marker (if it did)
+            yield from budget.open_answer(rec)
+        if text.ended and not taken.opened:  # an end of sequence, or the answer's budget spent on a pick
             break
-        t0 = rec.now()
-        logits = seq.feed([tok])
-        fed = (t0, rec.clock(), 1, "answer")
-    if fed is not None and not ended:  # logits no one read: the answer's budget was spent before it
-        yield forward(0)
+        # 4. read what joined the text (a pick, or the marker and its tail) for the next pick's logits
+        t0, owed = rec.now(), text.ids[seq.length:]
+        logits = seq.feed(owed)
+        fed = (t0, rec.clock(), len(owed), taken.stream)
+    if text.stream == "reasoning":  # the model ended the sequence inside its reasoning: an empty answer phase
+        yield from budget.open_answer(rec)
+    if fed is not None:  # logits no one read: the tail budget forcing put after the marker spent the answer's budget
+        yield rec.forward(fed[0], [RowWork("main", fed[2], 0, 0)], end=fed[1], phase=fed[3])
     rec.stats.flops = rec.stats.target_flops = seq.flops  # 2 x parameters x tokens, as RSD counts its models
     rec.stats.target_tokens = seq.prefill_tokens + seq.decode_tokens
     rec.stats.cache_mb = cache_mb(seq.cache)

@@ -11,7 +11,7 @@ output keeps the target's distribution), and adds its own next token: the correc
 rejection, the bonus after a full acceptance. Both caches then roll back to the text they share.
 
 Greedy output is plain decoding's (``engine.methods.baseline``) token for token, budgets included:
-the target's picks are walked one at a time through baseline's rules (:class:`_Text`: the reasoning
+the target's picks are walked one at a time through baseline's rules (``engine.methods.plain.PlainText``: the reasoning
 budget with its forced marker and tail, a prompted model's end of turn inside its reasoning, the
 model's own close, the end of sequence, ``max_answer``) up to the first one a rule stops at, and
 whatever the verify computed past it is rolled back. A round never proposes past the room the
@@ -46,7 +46,6 @@ capability probe checks that split prefill on the target).
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -55,6 +54,7 @@ from engine.config import RunConfig
 from engine.events import Event, ForwardEvent, RowWork, RunStats
 from engine.methods.budget import ThinkBudget
 from engine.methods.contract import Method
+from engine.methods.plain import PlainText
 from engine.methods.recorder import Recorder
 from engine.methods.sampling import Chooser, sample
 from engine.methods.seams import StepModel, check_pair
@@ -93,7 +93,7 @@ def decode_sd(target: StepModel, draft: StepModel, prompt: str, cfg: RunConfig,
     rec.stats.verify = caps.verify
     seq, dm = CachedModel(target, capacity, "target"), CachedModel(draft, capacity, "draft")
     chooser, drafter = Chooser(cfg.temperature, cfg.top_p, cfg.seed), Chooser(cfg.temperature, cfg.top_p, cfg.seed + 1)
-    text = _Text(list(prompt_ids), budget, target.eos_ids, cfg.max_answer)
+    text = PlainText(list(prompt_ids), budget, target.eos_ids, cfg.max_answer)
 
     # 1. prefill: both models read the prompt but its last token (the first round's forwards read it)
     yield rec.phase("prefill")
@@ -146,81 +146,7 @@ def decode_sd(target: StepModel, draft: StepModel, prompt: str, cfg: RunConfig,
     yield rec.done()
 
 
-@dataclass(frozen=True)
-class _Taken:
-    """What one verify's picks did to the text."""
-
-    stream: str  # where the kept picks went: "reasoning" or "answer"
-    kept: int  # picks that joined the text, in order (those after them are dropped)
-    forced: list[int] = field(default_factory=list)  # the end-of-thinking marker forced after them...
-    tail: list[int] = field(default_factory=list)  # ...and the template's tail after it, which opens the answer
-    opened: bool = False  # the reasoning closed here (by the model or the budget): the answer opens
-
-
-class _Text:
-    """The run's text as plain decoding writes it, pick by pick: ``decode_baseline``'s rules, written
-    for picks that come several at a time (one verify's accepted tokens and the target's own)."""
-
-    def __init__(self, ids: list[int], budget: ThinkBudget, eos_ids: frozenset[int], max_answer: int) -> None:
-        self.ids = ids  # the prompt, then every token of the run
-        self.budget, self.eos_ids, self.max_answer = budget, eos_ids, max_answer
-        self.reasoning: list[int] = []
-        self.answered = 0  # answer tokens, the forced tail included
-        self.stream = "reasoning" if budget.markers is not None else "answer"
-        self.ended = False  # an end of sequence, or the answer's budget spent: nothing more to write
-
-    @property
-    def room(self) -> int:
-        """Picks the model may still make in the current stream before a rule decides instead."""
-        if self.stream == "reasoning":
-            return self.budget.picks - len(self.reasoning)
-        return self.max_answer - self.answered
-
-    def take(self, picks: list[int]) -> _Taken:
-        """Add the target's ``picks`` in order, each by the rule plain decoding applies to it, up to the
-        first a rule stops at (a close, a forced marker, an end of sequence, a budget)."""
-        stream = self.stream
-        for n, tok in enumerate(picks):
-            if stream == "answer":
-                if tok in self.eos_ids:
-                    self.ended = True
-                    return _Taken(stream, n)
-                self.ids.append(tok)
-                self.answered += 1
-                if self.answered == self.max_answer:
-                    self.ended = True
-                    return _Taken(stream, n + 1)
-                continue
-            if self.budget.spent(len(self.reasoning)):  # the budget's last tokens are the marker: this pick is not drawn
-                return self._force(n)
-            if self.budget.ends_run(tok, self.eos_ids):
-                self.ended = True
-                return _Taken(stream, n)
-            if tok in self.eos_ids:  # a prompted model's end of turn closes its reasoning
-                return self._force(n)
-            self.ids.append(tok)
-            self.reasoning.append(tok)
-            if self.budget.markers.closes_at(self.reasoning, len(self.reasoning) - 1):
-                self._open()
-                return _Taken(stream, n + 1, opened=True)
-        if stream == "reasoning" and self.budget.spent(len(self.reasoning)):  # forced now: the marker needs no pick
-            return self._force(len(picks))
-        return _Taken(stream, len(picks))
-
-    def _force(self, kept: int) -> _Taken:
-        marker = self.budget.force()
-        self.ids += [*marker, *self.budget.forced]
-        self.reasoning += marker
-        self._open()
-        return _Taken("reasoning", kept, marker, list(self.budget.forced), opened=True)
-
-    def _open(self) -> None:
-        self.stream = "answer"
-        self.answered = len(self.budget.forced)
-        self.ended = self.answered >= self.max_answer
-
-
-def _width(seq: CachedModel, text: _Text, lookahead: int) -> int:
+def _width(seq: CachedModel, text: PlainText, lookahead: int) -> int:
     """How many tokens the draft proposes this round: ``lookahead``, less where a pick could not count:
     past the room the budgets leave (the round's last pick is the target's own), or (longrope) up to the
     switch point, which a verify may cross only once its first kept logit is past it (``Rope.limits``)."""
