@@ -256,14 +256,8 @@ class RunStats:
 
     def to_dict(self) -> dict:
         """Flat, one key per run log column: a part's fields under its prefix (``exit.at`` is ``exit_at``)."""
-        flat = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name in PARTS:
-                flat.update({PARTS[f.name].PREFIX + g.name: getattr(value, g.name) for g in dataclasses.fields(value)})
-            else:
-                flat[f.name] = value
-        return flat
+        parts = {kind: getattr(self, part) for part, kind in PARTS.items()}
+        return {name: getattr(parts.get(owner, self), attr) for name, (owner, attr) in self.columns().items()}
 
     @classmethod
     def from_dict(cls, flat: dict) -> RunStats:
@@ -281,9 +275,12 @@ class RunStats:
         for f in dataclasses.fields(cls):
             if f.name in PARTS:
                 kind = PARTS[f.name]
-                cols.update({kind.PREFIX + g.name: (kind, g.name) for g in dataclasses.fields(kind)})
+                named = {kind.PREFIX + g.name: (kind, g.name) for g in dataclasses.fields(kind)}
             else:
-                cols[f.name] = (cls, f.name)
+                named = {f.name: (cls, f.name)}
+            if taken := set(named) & set(cols):
+                raise TypeError(f"RunStats' columns are named twice: {', '.join(sorted(taken))}")
+            cols.update(named)
         return cols
 
 

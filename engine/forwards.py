@@ -52,12 +52,6 @@ def merge(parts: Iterable[dict[str, dict[str, list[int]]]]) -> dict[str, dict[st
     return out
 
 
-def mean_accepted(a: dict[str, list[int]]) -> float | None:
-    """Mean accepted length per verify, from a proposer's histogram."""
-    n = sum(a["hist"])
-    return sum(i * c for i, c in enumerate(a["hist"])) / n if n else None
-
-
 def lone_step_s(forwards: Iterable[ForwardEvent]) -> float | None:
     """The median wall time of a reasoning forward of the main row alone (None: there was none)."""
     alone = [f.wall_s for f in forwards if f.phase == "reasoning" and len(f.rows) == 1]

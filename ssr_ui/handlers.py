@@ -28,8 +28,7 @@ from engine.config import RunConfig, number
 from engine.llamacpp import lib as llama_lib
 from engine.llamacpp.model import RUNTIME as LLAMA
 from engine.methods.exit.budget import NAME as EXIT
-from engine.methods.rsd.loop import check_pair
-from engine.methods.seams import StepModel
+from engine.methods.seams import StepModel, check_pair
 from engine.methods.ssr.evidence import Evidence
 from engine.presets import provenance, recommended_settings, with_exit_probes
 from engine.registry import decoder, is_lossy, method_of, not_answer_only, not_on_a_server
@@ -284,7 +283,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
             method = method_of(METHOD_NAMES[name])
             if not self.is_warm(lm, method.name, cfg):
                 yield Frame.note(f"warming up {name} on {plan.model_name} (once per kind of run, untimed, not logged)…")
-                self.warm(lm, method.name, cfg, plan.side)
+                self.warm(lm, method.name, cfg, plan.side, self.evidence(job, lm))
             view = TraceView(method=method.name, think_end=_think_end(lm), thinking=_thinking(lm), exact=cfg.exact,
                              # a step writer's budget is the whole response: its cut is known from its final stats
                              budgets=None if method.steps else (cfg.max_think, cfg.max_answer),
@@ -508,7 +507,7 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                 if not (self.is_warm(lm, "baseline", configs[0]) and self.is_warm(lm, "ssr", configs[0])):
                     yield html_note("sweep: warming up baseline and SSR once (untimed, not logged)…"), None
                 self.warm(lm, "baseline", configs[0])
-                self.warm(lm, "ssr", configs[0])
+                self.warm(lm, "ssr", configs[0], evidence=self.evidence(job, lm))
                 yield html_note(f"sweep: the baseline run (1 of {len(starts) + 1} runs)…"), None
                 base = TraceView()
                 for _ in self._stream(lm, prompt, BASELINE, configs[0], base, job=job, last=False):

@@ -146,11 +146,12 @@ class ModelShelf:
     def is_warm(self, lm, method: str, cfg) -> bool:
         return self._kind(lm, method, cfg) in self._warm_kinds
 
-    def warm(self, lm, method: str, cfg, rsd: dict | None = None) -> None:
+    def warm(self, lm, method: str, cfg, rsd: dict | None = None, evidence=None) -> None:
         """Run ``method`` once, untimed and unlogged, on short budgets, the first time this kind of
         run (model, method, exact route, compiled steps, drafts, lookups) meets this model, as the
         bench's warm-up does: a first run's one-off costs (first shapes, lazy setup, first
-        allocations) never reach the log, the strip or a median."""
+        allocations) never reach the log, the strip or a median. ``evidence``: the store SSR's loop counts
+        the warm-up in (a shared studio's visitor's; None: the model's own)."""
         if self.is_warm(lm, method, cfg):
             return
         from engine.registry import decoder  # (the shelf loads models; running one is the studio's)
@@ -161,7 +162,7 @@ class ModelShelf:
                             max_draft=min(cfg.max_draft, 8), draft_start=min(cfg.draft_start, 6), draft_interval=4,
                             max_steps=min(cfg.max_steps, 3), drafting="always")  # (no measure of what drafts are worth)
         rsd = rsd or {}
-        list(decoder(method, lm, rsd.get("draft"), rsd.get("scorer"))("warm up", small))
+        list(decoder(method, lm, rsd.get("draft"), rsd.get("scorer"), evidence)("warm up", small))
         self._warm_kinds.add(self._kind(lm, method, cfg))
 
     def add_model(self, name: str, model: LoadedModel | RemoteModel) -> None:

@@ -36,7 +36,6 @@ class Ticket:
 
     held: bool = False
     since: float = field(default_factory=time.monotonic)
-    undo: list[Callable[[], None]] = field(default_factory=list)  # run when the model is given back, newest first
 
 
 class ModelLine:
@@ -75,8 +74,6 @@ class ModelLine:
 
     def release(self, ticket: Ticket) -> None:
         """The job that held the model is done with it: the next in line gets it."""
-        while ticket.undo:  # what the holder set up on the model for its job, undone before the next gets it
-            ticket.undo.pop()()
         with self._cond:
             assert self._holder is ticket, "released by a job that does not hold the model"
             self._holds.append(time.monotonic() - ticket.since)

@@ -189,7 +189,8 @@ def random_trace(rng, n_events: int = 30) -> dict:
         kind = [f.default for f in dataclasses.fields(cls) if f.name == "kind"]  # an event's (RowWork has none)
         return {**out, **({"kind": kind[0]} if kind else {})}
 
-    stats = {name: value(RunStats, name, hint) for name, hint in typing.get_type_hints(RunStats).items()}
+    stats = {name: value(RunStats, name, typing.get_type_hints(owner)[attr])  # the log's columns, a record's too
+             for name, (owner, attr) in RunStats.columns().items()}
     meta = {name: value(RunMeta, name, hint) for name, hint in typing.get_type_hints(RunMeta).items()
             if name in ROW_FIELDS and name != "config"}
     row = {**stats, **meta, "id": rng.choice(ints), "status": rng.choice(["ok", "cancelled", "error", PAYLOAD]),

@@ -329,4 +329,6 @@ def test_the_strip_says_what_the_draft_model_cost(studio):
     frames = list(studio.run(PROMPTS[0], "Speculative decoding", "tiny", draft_model="tiny-draft", max_think=12,
                              max_answer=8))
     strip = frames[-1].metrics
-    assert "draft model" in strip and f"proposing {LOOKAHEAD} a round" in strip and "tokens read in" in strip, strip
+    assert "draft model" in strip and "tokens read in" in strip, strip
+    rounds = float(strip.split("proposing ")[1].split(" a round")[0])  # the rounds' mean, at most the lookahead
+    assert 0 < rounds <= LOOKAHEAD

@@ -16,8 +16,8 @@ import math
 import statistics
 from pathlib import Path
 
-from engine.events import parse_acceptance
-from engine.forwards import mean_accepted, merge
+from engine.events import ProposerAcceptance, parse_acceptance
+from engine.forwards import merge
 from engine.registry import writes_steps
 from engine.runlog.compare import kind_key, per_forward, slow_runs
 
@@ -273,8 +273,7 @@ def where_time_went(runs: list[dict]) -> list[str]:
             n = sum(a["hist"])
             rates = ", ".join(f"{k + 1}: {a['taken'][k] / a['reached'][k]:.0%}" for k in (0, 1, 3)
                               if k < len(a["reached"]) and a["reached"][k])
-            line += (f"; {who}: {n} verifies, {mean_accepted(a):.2f} accepted of {sum(a['reached']) / n:.2f} proposed"
-                     f" (by position {rates})")
+            line += f"; {who}: {n} verifies, accepted {ProposerAcceptance.of(who, a).per_verify()} (by position {rates})"
         lines.append(line)
     return lines
 

@@ -54,7 +54,7 @@ def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Even
     while not text.ended:
         # 3. one pick (none at the reasoning's budget: the marker is forced), joined by plain decoding's rules
         tok = chooser.pick(logits) if text.room > 0 else None
-        taken = text.take([] if tok is None else [tok])
+        taken = text.take([] if tok is None else [tok], ahead=False)
         start, end, width, phase = fed
         yield rec.forward(start, [RowWork("main", width, taken.kept, len(taken.forced) + len(taken.tail))], end=end,
                           phase=phase)
@@ -63,14 +63,14 @@ def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Even
             yield rec.token(taken.stream, tok)
         for forced in taken.forced:  # the end-of-thinking marker (the tail opens the answer)
             yield rec.token("reasoning", forced)
-        if taken.opened:  # the answer opens, with the tail budget forcing put after the marker (if it did)
-            yield from budget.open_answer(rec)
         if text.ended and not taken.opened:  # an end of sequence, or the answer's budget spent on a pick
             break
         # 4. read what joined the text (a pick, or the marker and its tail) for the next pick's logits
         t0, owed = rec.now(), text.ids[seq.length:]
         logits = seq.feed(owed)
         fed = (t0, rec.clock(), len(owed), taken.stream)
+        if taken.opened:  # then the answer opens, with the tail budget forcing put after the marker (if it did)
+            yield from budget.open_answer(rec)
     if text.stream == "reasoning":  # the model ended the sequence inside its reasoning: an empty answer phase
         yield from budget.open_answer(rec)
     if fed is not None:  # logits no one read: the tail budget forcing put after the marker spent the answer's budget

@@ -49,9 +49,12 @@ class PlainText:
             return self.budget.picks - len(self.reasoning)
         return self.max_answer - self.answered
 
-    def take(self, picks: list[int]) -> Taken:
+    def take(self, picks: list[int], ahead: bool = True) -> Taken:
         """Add the target's ``picks`` in order, each by the rule plain decoding applies to it, up to the
-        first a rule stops at (a close, a forced marker, an end of sequence, a budget)."""
+        first a rule stops at (a close, a forced marker, an end of sequence, a budget). ``ahead``: picks
+        that spend the reasoning's budget force the marker now (a verify's picks: the marker needs no
+        further pick); False forces it at the next call, with no pick (a one-token loop reads the last
+        pick's logits first, as plain decoding always has)."""
         stream = self.stream
         for n, tok in enumerate(picks):
             if stream == "answer":
@@ -76,7 +79,7 @@ class PlainText:
             if self.budget.markers.closes_at(self.reasoning, len(self.reasoning) - 1):
                 self._open()
                 return Taken(stream, n + 1, opened=True)
-        if stream == "reasoning" and self.budget.spent(len(self.reasoning)):  # forced now: the marker needs no pick
+        if stream == "reasoning" and (ahead or not picks) and self.budget.spent(len(self.reasoning)):  # the marker
             return self._force(len(picks))
         return Taken(stream, len(picks))
 

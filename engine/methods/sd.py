@@ -200,7 +200,8 @@ def _cells(s: RunStats) -> list[tuple[str, str]]:
     """The strip's cell of sd's own: what the draft model read and what it cost of the run."""
     share = f" ({s.draft_s / s.wall_s:.0%})" if s.wall_s else ""
     words = f"{s.draft_model_tokens} tokens read in {s.draft_s:.2f} s of the run's {s.wall_s:.2f} s{share}"
-    return [("draft model", f"{words}, proposing {LOOKAHEAD} a round")]
+    rounds = f", proposing {s.verify_proposed / s.verifies:.1f} a round" if s.verifies else ""
+    return [("draft model", words + rounds)]
 
 
 METHOD = Method("sd", "Speculative decoding", "classic speculative decoding: a draft model proposes "

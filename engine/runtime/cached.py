@@ -127,7 +127,7 @@ class CachedModel:
             crop(self.cache, length)
             self.ids = kept
             return
-        if self._mark.length > length:  # before the last sync point: re-read from the start
+        if self._mark.length > length:  # before the last mark (a sync, or mark()): re-read from the start
             self._empty()
         self.lm.rewind(self.cache, self._mark, [])  # the state at the mark...
         self.ids = kept[: self._mark.length]

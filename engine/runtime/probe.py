@@ -234,12 +234,16 @@ def _write(lm: LoadedModel, path: Path, identity: dict, caps: Capabilities) -> N
 
 def _measure(lm: LoadedModel) -> Capabilities:
     """The checks, on the eager route with exact mode off; the run being set up (if any) gets its
-    own settings back after."""
+    own settings back after. A probe cut short (an error outside a check, an interrupt) leaves the model
+    unprobed, never with the record so far (the next call probes again)."""
     saved = lm.exact, lm.compiled, lm.compile_why, lm.share_forks
     lm.begin_run()
     lm.share_forks = True  # the probe measures what the model can do, whatever an operator switched off
     try:
         return _checks(lm)
+    except BaseException:
+        lm.capabilities = UNPROBED
+        raise
     finally:
         lm.exact, lm.compiled, lm.compile_why, lm.share_forks = saved
         lm.rope.begin_run(lm.model)  # position-dependent RoPE state back to a fresh run's
@@ -294,10 +298,10 @@ def _checks(lm: LoadedModel) -> Capabilities:
     checks.append(measured("fork", lambda: _fork(lm, prefix, true, junk, ref)))
     if lm.layout.holes_ok:
         checks.append(measured("holes", lambda: _holes(lm, prefix, true, junk, ref)))
-        if not decided().holes_unsafe and unshared(lm) is None:  # failed: rows hold no holes
+        if not decided().holes_unsafe and unshared(lm) is None:  # (the holes check failed: rows hold none, no sharing)
             checks.append(measured("shared forks", lambda: max(_fork(lm, prefix, true, junk, ref, shared=True),
                                                                _holes(lm, prefix, true, junk, ref, shared=True))))
-    return decided()  # shared forks failed: each draft copies the prefix
+    return decided()  # the whole record (a failed shared-forks check: each draft copies the prefix)
 
 
 def _short(err: Exception) -> str:
