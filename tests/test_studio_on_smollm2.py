@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+from engine.registry import label_of
 from engine.runtime.gguf import installed
 from engine.tools.synthetic import EVAL_SEED_BASE, make_example
 from tests.apps import launched, query
@@ -88,7 +89,7 @@ def test_every_strip_cell_stays_inside_the_strip_for_every_method_live_and_repla
             page.get_by_label("Run id").fill(str(rid))
             page.get_by_role("button", name="Show this run").click()
             page.wait_for_function(f"[...document.querySelectorAll('.metrics .v')].some(v => v.offsetParent && "
-                                   f"v.innerText.startsWith({method!r}))",
+                                   f"v.innerText.startsWith({label_of(method)!r}))",  # named as the Run tab names it
                                    timeout=30_000)
             _fits(page, f"{method}, replayed")
         page.screenshot(path=str(ARTIFACTS / f"strip-replayed-{width}.png"), full_page=True)
