@@ -30,6 +30,7 @@ The forwards add up: every token of every stream is one forward's ``kept`` or ``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -263,12 +264,14 @@ class RunStats:
     def from_dict(cls, flat: dict) -> RunStats:
         """Back from :meth:`to_dict`'s keys (a run log row, a JSON trace's run); keys it does not name, and
         missing ones (a row logged before a column existed), are left to the defaults."""
-        own = {name: flat[name] for name, (owner, _) in cls.columns().items() if owner is cls and name in flat}
-        parts = {part: kind(**{attr: flat[name] for name, (owner, attr) in cls.columns().items()
-                               if owner is kind and name in flat}) for part, kind in PARTS.items()}
-        return cls(**own, **parts)
+        given: dict[type, dict] = {owner: {} for owner in (cls, *PARTS.values())}
+        for name, (owner, attr) in cls.columns().items():
+            if name in flat:
+                given[owner][attr] = flat[name]
+        return cls(**given[cls], **{part: kind(**given[kind]) for part, kind in PARTS.items()})
 
     @classmethod
+    @functools.cache
     def columns(cls) -> dict[str, tuple[type, str]]:
         """Each run log column of a run's stats: the record that types it and its field there."""
         cols: dict[str, tuple[type, str]] = {}

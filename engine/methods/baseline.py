@@ -47,6 +47,11 @@ def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Even
     t0 = rec.now()
     logits = seq.feed(prompt_ids)  # [V]
     fed = (t0, rec.clock(), len(prompt_ids), "prefill")
+
+    def forward(kept: int, forced: int = 0):
+        start, end, width, phase = fed
+        return rec.forward(start, [RowWork("main", width, kept, forced)], end=end, phase=phase)
+
     if text.stream == "reasoning":  # 2. reasoning, then the answer (thinking off, no markers: the answer alone)
         yield rec.phase("reasoning")
     else:
@@ -55,9 +60,7 @@ def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Even
         # 3. one pick (none at the reasoning's budget: the marker is forced), joined by plain decoding's rules
         tok = chooser.pick(logits) if text.room > 0 else None
         taken = text.take([] if tok is None else [tok], ahead=False)
-        start, end, width, phase = fed
-        yield rec.forward(start, [RowWork("main", width, taken.kept, len(taken.forced) + len(taken.tail))], end=end,
-                          phase=phase)
+        yield forward(taken.kept, len(taken.forced) + len(taken.tail))
         fed = None
         if taken.kept:
             yield rec.token(taken.stream, tok)
@@ -74,7 +77,7 @@ def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Even
     if text.stream == "reasoning":  # the model ended the sequence inside its reasoning: an empty answer phase
         yield from budget.open_answer(rec)
     if fed is not None:  # logits no one read: the tail budget forcing put after the marker spent the answer's budget
-        yield rec.forward(fed[0], [RowWork("main", fed[2], 0, 0)], end=fed[1], phase=fed[3])
+        yield forward(0)
     rec.stats.flops = rec.stats.target_flops = seq.flops  # 2 x parameters x tokens, as RSD counts its models
     rec.stats.target_tokens = seq.prefill_tokens + seq.decode_tokens
     rec.stats.cache_mb = cache_mb(seq.cache)

@@ -21,7 +21,7 @@ from engine.methods.budget import ThinkBudget
 
 @dataclass(frozen=True)
 class Taken:
-    """What one verify's picks did to the text."""
+    """What one call's picks (a verify's, or plain decoding's one) did to the text."""
 
     stream: str  # where the kept picks went: "reasoning" or "answer"
     kept: int  # picks that joined the text, in order (those after them are dropped)

@@ -141,9 +141,10 @@ MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _mi
 
 def _stats_columns() -> dict:
     kinds = {"int": int, "str": str}  # annotations are strings here ("int | None" is an int); the rest are floats
-    hints = {owner: {f.name: f.type for f in dataclasses.fields(owner)} for owner, _ in RunStats.columns().values()}
-    return {name: kinds.get(hints[owner][attr].split(" |")[0], float)
-            for name, (owner, attr) in RunStats.columns().items() if name != "method"}
+    columns = RunStats.columns()
+    hints = {owner: {f.name: f.type for f in dataclasses.fields(owner)} for owner in {owner for owner, _ in columns.values()}}
+    return {name: kinds.get(hints[owner][attr].split(" |")[0], float) for name, (owner, attr) in columns.items()
+            if name != "method"}
 
 
 EVENT_COLUMNS = ("run_id", "seq", "kind", "stream", "status", "token_id", "text", "position", "draft", "source",
