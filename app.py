@@ -47,6 +47,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--share", action="store_true", help="create a public gradio.live link")
     ap.add_argument("--db", default="runs.db", help="SQLite run log")
     ap.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                    help="the models' precision (default: bfloat16 on a GPU; on the CPU, float32 or bfloat16, whichever "
+                         "a model's step measured faster at load, bfloat16 only where batch-invariant; the bundled "
+                         "models stay float32)")
     ap.add_argument("--random-weights", action="store_true", help="build --model (a preset) offline with random "
                     "weights: meaningless text, the architecture's real per-token costs")
     ap.add_argument("--tokenizer", default=None, metavar="DIR", help="with --random-weights: the family's real "
@@ -112,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
                               max_benchmark_runs=args.max_benchmark_runs)
         studio = Studio(args.model, args.db, args.device, args.draft_model, args.prm, args.load_timeout,
                         args.max_run_seconds, args.compile, servers(args), args.max_cache_gb, public, args.drafting,
-                        args.runtime, random_weights(args))
+                        args.runtime, random_weights(args), args.dtype)
     except (ValueError, RunLogError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -182,6 +182,7 @@ class RunStats:
     cache_mb: float | None = None  # the run's preallocated KV buffers (every row, every model), sized from its budgets
     compile_s: float = 0.0  # seconds compiling step shapes before the run started (never part of wall_s)
     step_mode: str = ""  # "compiled", "eager: <why not compiled>" (engine.runtime.compiled), or exact mode's route
+    numerics: str = ""  # the target's precision and how it was chosen, in words (engine.runtime.numerics); "": not said
     verify: str = ""  # SSR: how its verifies ran on this model, as the capability probe measured (engine.runtime.probe)
     # SSR with drafts: "shared prefix" (the drafts read the main row's slots: engine.runtime.batch's shared forks), or
     # "copied prefix: <why not shared>" (each draft holds a copy); "" when no draft was planned

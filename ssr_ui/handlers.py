@@ -124,11 +124,11 @@ class Studio(ModelShelf, PastRuns, BenchmarkRuns):
                  draft_model: str = DEFAULT_DRAFT, prm: str = DEFAULT_PRM, load_timeout: float = LOAD_TIMEOUT_S,
                  max_run_s: float = MAX_RUN_S, compile: str = "auto", servers: dict | None = None,
                  max_cache_gb: float | None = None, public: Public | None = None, drafting: str = "auto",
-                 runtime: str = "", random_weights: dict[str, str | None] | None = None) -> None:
+                 runtime: str = "", random_weights: dict[str, str | None] | None = None, dtype: str | None = None) -> None:
         # models on vLLM servers, by name: a Server's fields (app --base-url, --draft-base-url, --prm-base-url);
         # presets built with random weights, by name: their tokenizer folder or None (app --random-weights, --tokenizer)
         ModelShelf.__init__(self, model or "tiny-reasoner", prm, device, load_timeout, servers, max_cache_gb,
-                            random_weights)
+                            random_weights, dtype)
         self.compile = RunConfig(compile=compile).compile  # the runs' compiled-steps default (app --compile)
         self.drafting = RunConfig(drafting=drafting).drafting  # SSR's drafting default (app --drafting)
         self.runtime = runtime_of(runtime)  # the runtime a run gets when it names none (app --runtime)

@@ -570,7 +570,8 @@ TERMS = {
     "rule": "RSD's acceptance rule as run, and where each number came from",
     "cut by budget": "a budget, not the model, ended this part: the reasoning reached Max think (the end of thinking "
                      "was forced) or the answer reached Max answer before the model ended it",
-    "precision": "the dtype of each model the run used",
+    "precision": "the dtype of each model the run used; on hover, how the target's was chosen (on the CPU: by "
+                 "measured cost at load, docs/SSR.md Numerics)",
     "server speculation": "the server's own speculative method (declared with --server-speculation) and what its "
                           "per-request metrics reported; green answer tokens are the ones it accepted",
     "exit rule": "SSR early exit (lossy): when the drafts' answers agree, the reasoning stops and the answer verifies "
@@ -689,8 +690,8 @@ def _work_cells(view: TraceView, method: str, compare: dict | None) -> list:
         items.append(("rule", view.rule))
     if view.method == EXIT or (s and s.exit.rule):
         items += _exit_items(view, compare)
-    if view.dtypes:
-        items.append(("precision", view.dtypes))
+    if view.dtypes:  # how the target's precision was chosen (measured at load, asked for, a device's default) on hover
+        items.append(("precision", Tipped(view.dtypes, s.numerics) if s and s.numerics else view.dtypes))
     return items
 
 

@@ -31,8 +31,10 @@ class ModelShelf:
 
     def __init__(self, default_model: str, default_prm: str, device: str | None, load_timeout: float,
                  servers: dict | None = None, max_cache_gb: float | None = None,
-                 random_weights: dict[str, str | None] | None = None) -> None:
+                 random_weights: dict[str, str | None] | None = None, dtype: str | None = None) -> None:
         self.default_model, self.default_prm = default_model, default_prm
+        # the in-process models' precision (app --dtype); None: chosen per model (engine.runtime.numerics.settle)
+        self.dtype = dtype
         # presets built with random weights (app --random-weights), by name: their tokenizer folder (--tokenizer) or None
         self.random_weights = dict(random_weights or {})
         # an operator's bound on one run's KV cache (app --max-cache-gb), checked before a run: a Space's guard
@@ -131,6 +133,7 @@ class ModelShelf:
                 lm = load_role(name, progress=progress, runtime=runtime)
             else:
                 lm = load_role(name, self.device, self.servers.get(name), progress=progress,
+                               dtype=None if name in self.servers else self.dtype,
                                random_weights=name in self.random_weights, tokenizer=self.random_weights.get(name))
             if not isinstance(lm, RemoteModel):  # no warm-up here: each kind of run is warmed before its first (warm)
                 self.load_messages[key] = f"loaded; {capabilities(lm).provenance}"

@@ -117,7 +117,7 @@ def test_a_log_of_schema_17_opens_and_its_rows_show_what_they_have(tmp_path):
     db["meta"].upsert({"key": "schema_version", "value": "17"}, pk="key")
     db.conn.close()
     old = RunLog(path).runs()[0]
-    assert query(path, "select value from meta where key = 'schema_version'") == [(str(SCHEMA_VERSION),)] == [("18",)]
+    assert query(path, "select value from meta where key = 'schema_version'") == [(str(SCHEMA_VERSION),)] == [("19",)]
     assert old["recovered"] == 40 and old["lookup_reasoning"] is None
     assert {t.name: t.y[0] for t in token_composition([old]).data} == {"accepted": 0, "recovered": 40, "lookups": 0,
                                                                        "generated": 5}

@@ -21,6 +21,16 @@ from engine.methods.seams import StepModel
 from engine.registry import decoder, is_lossy, method_of, writes_steps
 from engine.runlog import RunLog, RunMeta, prompt_hash
 
+ARM = "@"  # "baseline@float32": a method run on another of ``Bench.models`` than the target (the bench's --vs-dtype)
+
+
+def arm(method: str) -> tuple[str, str]:
+    """``(method, models key)`` of a bench arm: "baseline@float32" -> ("baseline", "float32"); a plain
+    method runs on the target."""
+    name, _, key = method.partition(ARM)
+    return name, key or "target"
+
+
 # the studio wraps each run's events (its job's claim on the run's end): (events, last run) -> events
 Wrap = Callable[[Iterable, bool], Iterable]
 # sees each event as it comes: (the run's label, e.g. "a r0 hf" or "a warm-up hf", event); it must be quick
@@ -76,7 +86,8 @@ class Bench:
 
     def _decode(self, method: str):
         m = self.models
-        return decoder(method, m["target"], m.get("draft"), m.get("scorer"), m.get("evidence"))
+        name, key = arm(method)
+        return decoder(name, m[key], m.get("draft"), m.get("scorer"), m.get("evidence"))
 
     def runs(self, problems: list[Problem], repeat: int = 1, stop: Callable[[], bool] | None = None,
              wrap: Wrap | None = None) -> Iterator[dict]:
@@ -99,8 +110,9 @@ class Bench:
 
     def run_one(self, method: str, problem: Problem, repeat: int, baseline_answer: str | None = None,
                 stop: Callable[[], bool] | None = None, wrap: Wrap | None = None, last: bool = True) -> dict | None:
-        models, lm = self.models, self.models["target"]
-        used = method_of(method).uses
+        name, key = arm(method)
+        models, lm = self.models, self.models[key]
+        used = method_of(name).uses
 
         graded: dict[str, bool | None] = {}  # the log's grade and the result's: graded once
 
@@ -109,7 +121,7 @@ class Bench:
                 graded[answer] = self.grader.grade(problem, method, answer, baseline_answer)
             return graded[answer]
 
-        meta = RunMeta(method, lm.model_id, problem.prompt, self.config(method).to_dict(), prompt_id=problem.id, grade=grade,
+        meta = RunMeta(name, lm.model_id, problem.prompt, self.config(method).to_dict(), prompt_id=problem.id, grade=grade,
                        draft_model=models["draft"].model_id if "draft" in used else None,
                        prm=models.get("prm_name") if "prm" in used else None, reference=problem.reference,
                        origin=self.origin, visitor=self.visitor, device=getattr(lm, "backend", str(lm.device)), dtype=lm.dtype,

@@ -35,7 +35,7 @@ def decode_baseline(lm: StepModel, prompt: str, cfg: RunConfig) -> Iterator[Even
     lm.begin_run(cfg.exact_mode, cfg.compile)
     rec = Recorder(lm.tokenizer, "baseline", len(prompt_ids), lm.device)
     yield from rec.compiling(lm.prepare_steps(len(prompt_ids) + new_tokens))  # before the clock starts
-    rec.start_clock(lm.step_mode)
+    rec.start_clock(lm)
     chooser = Chooser(cfg.temperature, cfg.top_p, cfg.seed)
     seq = CachedModel(lm, len(prompt_ids) + new_tokens)
 

@@ -43,7 +43,7 @@ from engine.config import RunConfig
 from engine.events import Event, RowWork, RunStats, TokenEvent
 from engine.methods.budget import ThinkBudget
 from engine.methods.contract import Method
-from engine.methods.recorder import Recorder
+from engine.methods.recorder import Recorder, numerics_of
 from engine.methods.sd import LOOKAHEAD
 from engine.methods.seams import StepModel, check_pair
 from engine.runtime.cached import Span
@@ -238,6 +238,7 @@ def decode_hf(lm: StepModel, prompt: str, cfg: RunConfig, prompt_lookup: bool = 
             answer, stamps = new[:cut], stamps + times[:cut]
     wall = time.perf_counter() - start
     rec.t0 = start
+    rec.stats.numerics = numerics_of(lm)
     if cfg.exact:
         rec.stats.step_mode = lm.step_mode  # the route it ran on: matched so, like every exact run
 

@@ -29,6 +29,13 @@ from engine.methods.detok import IncrementalDetokenizer
 from engine.runtime.model import Compiling
 
 
+def numerics_of(model) -> str:
+    """A model's precision and how it was chosen, in words (``engine.runtime.numerics``), or "" where
+    it was not settled (a server's, a llama.cpp file's quantization: their step mode says)."""
+    numerics = getattr(model, "numerics", None)
+    return numerics.sentence if numerics is not None else ""
+
+
 class Recorder:
     def __init__(self, tokenizer, method: str, prompt_tokens: int, device: torch.device | None = None) -> None:
         self.tokenizer = tokenizer
@@ -55,9 +62,11 @@ class Recorder:
             yield PhaseEvent("compiling", 0.0, done=p.done, total=p.total)
         self.stats.compile_s += spent
 
-    def start_clock(self, step_mode: str) -> None:
-        """The run starts now, after any compiling; ``step_mode`` says how its steps run."""
-        self.stats.step_mode = step_mode
+    def start_clock(self, model) -> None:
+        """The run starts now, after any compiling; ``model`` (the target) says how its steps run and
+        in what precision."""
+        self.stats.step_mode = model.step_mode
+        self.stats.numerics = numerics_of(model)
         self.t0 = self._phase_t0 = time.perf_counter()
         if self.device is not None and self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)

@@ -89,7 +89,7 @@ def decode_sd(target: StepModel, draft: StepModel, prompt: str, cfg: RunConfig,
     for lm in dict.fromkeys((target, draft)):  # (a model may be its own draft)
         lm.begin_run(cfg.exact_mode, cfg.compile)
         yield from rec.compiling(lm.prepare_steps(capacity))  # before the clock starts
-    rec.start_clock(target.step_mode)
+    rec.start_clock(target)
     rec.stats.verify = caps.verify
     seq, dm = CachedModel(target, capacity, "target"), CachedModel(draft, capacity, "draft")
     chooser, drafter = Chooser(cfg.temperature, cfg.top_p, cfg.seed), Chooser(cfg.temperature, cfg.top_p, cfg.seed + 1)

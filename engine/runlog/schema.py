@@ -9,7 +9,7 @@ import sqlite_utils
 
 from engine.events import RunStats
 
-SCHEMA_VERSION = 18
+SCHEMA_VERSION = 19
 
 
 def _migrate_1(db: sqlite_utils.Database) -> None:
@@ -133,10 +133,17 @@ def _migrate_18(db: sqlite_utils.Database) -> None:
     _add_columns(db["runs"], _stats_columns())
 
 
+def _migrate_19(db: sqlite_utils.Database) -> None:
+    """Version 19: the target's precision and how it was chosen, in words (``RunStats.numerics``: chosen at load by
+    measured cost on the CPU, asked for, or a device's default). Runs logged before: empty."""
+    _add_columns(db["runs"], _stats_columns())
+
+
 MIGRATIONS = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6, 7: _migrate_7,
               8: _migrate_8, 9: _migrate_9, 10: _migrate_10, 11: _migrate_11,
               12: _migrate_12, 13: _migrate_13, 14: _migrate_14,
-              15: _migrate_15, 16: _migrate_16, 17: _migrate_17, 18: _migrate_18}
+              15: _migrate_15, 16: _migrate_16, 17: _migrate_17, 18: _migrate_18,
+              19: _migrate_19}
 
 
 def _stats_columns() -> dict:

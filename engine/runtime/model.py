@@ -161,6 +161,7 @@ class LoadedModel:
         # what the weights were read from (load_model: a folder and its files, or a Hub snapshot), which keys the
         # capability probe's cache; None (built in memory): probed every time
         self.source: dict | None = None
+        self.numerics = None  # how the weights' precision was chosen (engine.runtime.numerics.Numerics; None: not settled)
 
     @property
     def layout(self) -> CacheLayout:

@@ -176,8 +176,17 @@ def write_record(path: Path, identity: dict, caps: Capabilities, **kept) -> None
     probes again)."""
     saved = asdict(caps)
     del saved["cached"]
-    record = {"identity": identity, "measured": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-              "capabilities": saved, **kept}
+    write_json(path, {"identity": identity, "measured": measured_now(), "capabilities": saved, **kept})
+
+
+def measured_now() -> str:
+    """When a cached record is written, as its readers show it ("2026-12-05 03:10 UTC")."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def write_json(path: Path, record: dict) -> None:
+    """``record`` at ``path``, written whole or not at all (a cache that cannot be written, a
+    read-only home: the next load measures again)."""
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -51,7 +51,7 @@ from engine.benchmarks.problems import (
     load_problems,
     reach_hub,
 )
-from engine.benchmarks.runner import Bench
+from engine.benchmarks.runner import ARM, Bench
 from engine.benchmarks.summary import (
     format_table,
     spread_warnings,
@@ -207,6 +207,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "docs/TEMPLATES.md) in place of the bundled one")
     ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                     help="the weights' precision for every method (default: bfloat16 on a GPU, float32 on the CPU)")
+    ap.add_argument("--vs-dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                    help="also run baseline with the weights in this precision, interleaved with the others on every "
+                         "problem (a method named 'baseline@float32'): what the chosen numerics buy, in one run")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--draft-model", default="tiny-reasoner-draft", help="the draft model (rsd, draft, sd, hf-assisted)")
     ap.add_argument("--prm", default="tiny-prm", help="RSD's PRM: a math-shepherd-format model, a "
@@ -293,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
             for m in methods:
                 decoder(m, lm)  # a method that does not run on a server says so now
         models = {"target": lm, "prm_name": args.prm}
+        if args.vs_dtype:
+            models[args.vs_dtype] = load_role(args.model, args.device, target_server, random_weights=args.random_weights,
+                                              progress=_say, dtype=args.vs_dtype, runtime=args.runtime,
+                                              threads=args.threads, tokenizer=args.tokenizer)
+        if getattr(lm, "numerics", None) is not None:
+            print(f"numerics: {lm.numerics.sentence}", flush=True)
         if on_ssr_loop(methods):
             lm.require_markers()
             cfg.check_ssr()
@@ -315,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ssr-exit probes the answer with {probed.num_drafts} drafts, one every {probed.draft_interval} "
               f"reasoning tokens (this model's: {cfg.num_drafts} draft(s) could never make {cfg.exit_k} agree; "
               "set --num-drafts to at least --exit-k to choose them; the other methods keep theirs)", flush=True)
+    if args.vs_dtype:
+        methods.append(f"baseline{ARM}{args.vs_dtype}")
     live = LiveProgress()
     bench = Bench(models, methods, cfg, configs, grader, log, dataset, watch=live)
     for _ in range(args.warmup):
@@ -345,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                                           "runtime": args.runtime or "transformers", "llama_cpp": native or None,
                                           "method_configs": {m: c.to_dict() for m, c in configs.items()},
                                           "step_mode": next((r["step_mode"] for r in runs if r["step_mode"]), None),
+                                          "numerics": lm.numerics.sentence if getattr(lm, "numerics", None) else None,
                                           "compile_s": getattr(lm, "compile_seconds", 0.0), "runs": runs,
                                           "summary": summary}, indent=1))
     if args.csv:

@@ -55,7 +55,7 @@ def decode_rsd(target, draft, scorer, prompt: str, cfg: RunConfig, mode: str = "
         models[name].check_fits(len(prompt_ids), cfg.max_tokens)
         models[name].begin_run(cfg.exact_mode, cfg.compile)
         yield from rec.compiling(models[name].prepare_steps(capacity))  # before the clock starts
-    rec.start_clock(target.step_mode)
+    rec.start_clock(target)
     writers = {name: writer(models[name], cfg, capacity, name) for name in ("target", "draft") if name in plan.models}
     roles = cast(plan, writers, scorer, cfg, prompt)
     markers = target.markers

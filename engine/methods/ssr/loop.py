@@ -116,7 +116,7 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
     # before the clock starts: every shape (rows x width) the run can meet
     yield from rec.compiling(lm.prepare_steps(size.capacity, 1 + planned,
                                               max(cfg.think_spec, len(markers.close_ids)) + 1))
-    rec.start_clock(lm.step_mode)
+    rec.start_clock(lm)
     rec.stats.verify = caps.verify
     rec.stats.forks = "" if not planned else "shared prefix" if size.shared else f"copied prefix: {size.copied}"
     rec.stats.drafting = decision.why if decision is not None else "" if cfg.thinking else \

@@ -1,0 +1,195 @@
+"""The weights' precision on the CPU, chosen at load by what each costs on the loaded model.
+
+A CPU with native bf16 (AVX512-BF16, AMX) runs a small model's linears in bf16 at nearly the cost
+of one row whatever the rows, and its LM head several times faster than in fp32; a CPU without
+it emulates bf16 and runs slower than in fp32. Which holds is measured, not read from a list of
+CPU flags: :func:`choose`, at load, when no precision is asked for (``--dtype``), times a lone
+decode step in fp32 and in bf16 on the model itself (warm, interleaved, the median of several),
+and keeps bf16 only where it is faster by :data:`MARGIN` at a short and a long context (on a
+CPU that emulates bf16 its attention grows costlier with the context) and measured batch-invariant
+(``engine.runtime.exact.invariance`` on the fast path, bitwise: a token alone, beside other rows
+and inside wider forwards, which ``engine.runtime.attention``'s whole key blocks make hold on the
+CPU), so greedy SSR writes plain decoding's tokens in it. Otherwise fp32 stays, with the reason.
+The decision is kept with the capability probe's cache (keyed as the probe keys a model: its
+files, the CPU's instruction set, the library versions, the runtime's source), so a later load
+reads it back instead of measuring again.
+
+:class:`Numerics` is the decision and its evidence, on the model (``lm.numerics``): the strip's
+precision cell and the run log show its sentence.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from engine.presets import BUNDLED_DIR
+from engine.runtime.cache import available_bytes
+from engine.runtime.gguf import Progress, cache_dir
+from engine.runtime.model import LoadedModel
+
+FAST = "bfloat16"
+MARGIN = 0.9  # bf16 is kept where a lone step costs at most this fraction of fp32's
+STEPS = 9  # timed steps per precision (after WARM untimed ones), interleaved
+WARM = 3
+CONTEXTS = (64, 512)  # tokens of context the steps are timed at: bf16 must be faster at both (its attention may not be)
+
+
+@dataclass(frozen=True)
+class Numerics:
+    dtype: str  # what the runs' weights are in
+    why: str  # how it was chosen, in words, for the strip and the run log
+    step_ms: dict[str, list[float]] = field(default_factory=dict)  # a lone step's median ms per precision, per context
+    invariance: str | None = None  # the bf16 batch-invariance check, as measured (None: not run)
+    cached: str | None = None  # when the decision read back from the cache was measured; None: this process
+
+    @property
+    def sentence(self) -> str:
+        return self.why + (f" (measured on {self.cached})" if self.cached else "")
+
+
+def given(lm: LoadedModel, why: str) -> Numerics:
+    """The numerics of a model whose precision was not chosen here: asked for, or a device's default."""
+    return Numerics(lm.dtype, f"{lm.dtype}: {why}")
+
+
+def settle(lm: LoadedModel, asked: str | None, progress: Progress | None = None) -> LoadedModel:
+    """``lm`` in the precision its runs will use, with ``.numerics`` saying why: ``asked`` (``--dtype``)
+    as asked; on a GPU bf16, the bundled models fp32 (as ``load_model`` loaded them); else
+    :func:`choose` by measured cost."""
+    folder = (lm.source or {}).get("folder")
+    if asked:
+        lm.numerics = given(lm, "as asked (--dtype)")
+    elif lm.device.type != "cpu":
+        lm.numerics = given(lm, f"the default on a {lm.device.type} (--dtype changes it)")
+    elif folder and Path(folder).parent == BUNDLED_DIR.resolve():
+        lm.numerics = given(lm, f"the bundled models keep the float32 they were trained in ({FAST} costs them "
+                                "accuracy: docs/BENCHMARKS.md, Numerics)")
+    else:
+        lm = choose(lm, progress)
+    return lm
+
+
+def choose(lm: LoadedModel, progress: Progress | None = None,
+           cost: Callable[[LoadedModel, LoadedModel], dict[str, list[float]]] | None = None,
+           check: Callable[[LoadedModel], object] | None = None) -> LoadedModel:
+    """``lm`` (fp32, on the CPU) or its bf16 twin, whichever :func:`decide` keeps, with
+    ``.numerics`` set. ``cost`` (two models -> ms a lone step per context, per dtype) and ``check`` (a model ->
+    an ``Invariance``) are the measurements, replaceable by scripted ones in tests."""
+    from engine.runtime.probe import probe_identity
+
+    identity = probe_identity(lm)
+    path = _cache_file(lm, identity) if identity else None
+    kept = _read(path, identity) if path else None
+    if kept is not None:
+        chosen = lm if kept.dtype == lm.dtype else _twin(lm, getattr(torch, kept.dtype))
+        chosen.numerics = kept
+        return chosen
+    need = sum(p.numel() for p in lm.model.parameters()) * 2
+    free = available_bytes(lm.device)
+    if free is not None and need > 0.8 * free:
+        lm.numerics = given(lm, f"{lm.dtype}: no room to measure {FAST} beside it ({need / 2**30:.2f} GB for a copy, "
+                                f"{free / 2**30:.2f} GB available); --dtype {FAST} runs in it")
+        return lm
+    if progress is not None:
+        progress(f"measuring {lm.model_id}'s step in float32 and in {FAST}, to run in the faster")
+    twin = _twin(lm, torch.bfloat16, copy_weights=True)
+    numerics = decide(lm, twin, (cost or step_costs)(lm, twin), check or _invariance)
+    chosen = twin if numerics.dtype == FAST else lm
+    chosen.numerics = numerics
+    if path:
+        from engine.runtime.probe import measured_now, write_json
+
+        write_json(path, {"identity": identity, "measured": measured_now(), "numerics": _saved(numerics)})
+    return chosen
+
+
+def decide(base: LoadedModel, twin: LoadedModel, ms: dict[str, list[float]], check: Callable[[LoadedModel], object]) -> Numerics:
+    """fp32 (``base``) or bf16 (``twin``) by the measured costs ``ms`` (a lone step's ms at each of
+    :data:`CONTEXTS`, per dtype): bf16 where it costs at most :data:`MARGIN` of fp32's at every
+    context and ``check`` finds it batch-invariant (checked only then)."""
+    slow, fast = ms[base.dtype], ms[twin.dtype]
+    at = " and ".join(f"{f:.1f} against {s:.1f} ms at {n} tokens" for f, s, n in zip(fast, slow, contexts(base)))
+    costs = f"a lone step cost {at} of context in {FAST} against float32, measured on this model and CPU"
+    if any(f > MARGIN * s for f, s in zip(fast, slow)):
+        return Numerics(base.dtype, f"float32, chosen at load: {costs}", ms)
+    found = check(twin)
+    if not found.exact:
+        return Numerics(base.dtype, f"float32, chosen at load: {FAST} was faster ({costs}) but is not batch-invariant "
+                                    f"on this model ({found}), so SSR in it would not write plain decoding's tokens",
+                        ms, str(found))
+    return Numerics(FAST, f"{FAST}, chosen at load: {costs}; a token's logits are bitwise the same alone, beside other "
+                          "rows and inside wider forwards (measured), so SSR writes plain decoding's tokens in it",
+                    ms, str(found))
+
+
+def contexts(lm: LoadedModel) -> list[int]:
+    """The contexts the steps are timed at: :data:`CONTEXTS`, within the model's positions."""
+    room = (lm.context_length or 1 << 30) - WARM - STEPS - 4
+    return sorted({min(n, room) for n in CONTEXTS})
+
+
+def step_costs(*models: LoadedModel) -> dict[str, list[float]]:
+    """The median ms of a lone decode step after each of :func:`contexts` tokens, per model's
+    dtype: the models' steps interleaved (so a busy machine weighs on each alike), after warm-up
+    steps."""
+    vocab = min(m.model.get_output_embeddings().weight.shape[0] for m in models)
+    ms: dict[str, list[float]] = {m.dtype: [] for m in models}
+    for context in contexts(models[0]):
+        ids = [(7919 * i + 13) % vocab for i in range(context + WARM + STEPS)]
+        caches = [m.new_cache(len(ids) + 4) for m in models]
+        for m, cache in zip(models, caches):
+            m.step_logits(ids[:context], cache, 0)
+        seconds: list[list[float]] = [[] for _ in models]
+        for j, token in enumerate(ids[context:]):
+            for m, cache, times in zip(models, caches, seconds):
+                t0 = time.perf_counter()
+                m.step_logits([token], cache, context + j)
+                if j >= WARM:
+                    times.append(time.perf_counter() - t0)
+        for m, times in zip(models, seconds):
+            ms[m.dtype].append(round(1000 * statistics.median(times), 3))
+    return ms
+
+
+def _invariance(lm: LoadedModel):
+    from engine.runtime.exact import invariance
+
+    return invariance(lm, False)
+
+
+def _twin(lm: LoadedModel, dtype: torch.dtype, copy_weights: bool = False) -> LoadedModel:
+    """``lm`` in ``dtype``: a copy (``copy_weights``: ``lm`` is kept as it is), else ``lm``'s own weights cast."""
+    model = copy.deepcopy(lm.model) if copy_weights else lm.model
+    twin = LoadedModel(model.to(dtype), lm.tokenizer, lm.model_id, lm.markers, lm.preset)
+    twin.source = lm.source
+    return twin
+
+
+def _cache_file(lm: LoadedModel, identity: dict) -> Path:
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "numerics" / f"{Path(lm.source['folder']).name}-{key}.json"
+
+
+def _saved(numerics: Numerics) -> dict:
+    saved = asdict(numerics)
+    del saved["cached"]
+    return saved
+
+
+def _read(path: Path, identity: dict) -> Numerics | None:
+    try:
+        record = json.loads(path.read_text())
+        if record["identity"] != identity:
+            return None
+        return Numerics(**record["numerics"], cached=str(record["measured"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
