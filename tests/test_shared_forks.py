@@ -57,7 +57,7 @@ def _same(lm, cfg: RunConfig, way: str):
         base = _final(decode_baseline(lm, PROMPT, cfg))
         ssr = _final(decode_ssr(lm, PROMPT, cfg))
     finally:
-        lm.share_forks = True
+        lm.share_forks = None
     assert ssr.reasoning_ids == base.reasoning_ids, "reasoning differs from baseline"
     assert ssr.answer_ids == base.answer_ids, "answer differs from baseline"
     assert ssr.stats.drafts >= 2, "the drafts this test is about never forked"
@@ -81,6 +81,7 @@ def test_greedy_ssr_equals_baseline_through_shared_and_copied_forks(arch, way, s
 def test_families_that_can_share_do_and_stay_exact(name):
     cfg = RunConfig(**{**LONG, "max_think": 90, "max_answer": 16, "draft_interval": 20})
     lm = _thinking(family_model(name), cfg)
+    lm.share_forks = True  # whatever the riding steps cost on this machine (by cost: test_forks_are_chosen_by_cost)
     assert unshared(lm) is None and capabilities(lm).check("shared forks").ok
     ssr, _ = _same(lm, cfg, "shared")
     assert ssr.stats.forks == "shared prefix"
@@ -163,6 +164,7 @@ def test_the_strip_and_the_log_say_which_path_the_forks_took(tmp_path):
     from ssr_ui.render import TraceView, metrics_html
 
     lm = _tiny("llama")
+    lm.share_forks = True  # whatever the riding steps cost on this machine
     cfg = RunConfig(**{**LONG, "max_think": 60, "draft_interval": 10})
     log = RunLog(tmp_path / "runs.db")
     view = TraceView(method="ssr")
@@ -244,3 +246,32 @@ def test_the_cache_is_sized_by_one_pure_function():
     assert (copied.rows, copied.shared, copied.copied) == (4, False, "its cache cannot share")
     tight = size_cache(cfg, markers, 10, 3, None, True, False, shared.slots - 1)
     assert tight.rows == 4 and "more than the model's" in tight.copied
+
+
+def test_forks_are_chosen_by_the_riding_step_the_probe_measured():
+    """Where both ways hold, the probe times a riding step shared and copied; the drafts copy the
+    prefix only where that measured cheaper, and the run says so with the figures. Forced costs here
+    (which is cheaper depends on the machine); an operator's switch overrides either way."""
+    import dataclasses
+
+    lm = make_model("llama", init_scale=3.0, seed=5)
+    caps = capabilities(lm)
+    assert caps.fork_ms is not None and all(ms > 0 for ms in caps.fork_ms), "the probe timed both ways"
+    cfg = RunConfig(**{**LONG, "max_think": 60, "draft_interval": 10})
+    base = _final(decode_baseline(lm, PROMPT, cfg))
+    try:
+        lm.capabilities = dataclasses.replace(caps, fork_ms=(2.0, 1.0))  # copies cheaper
+        assert unshared(lm) == lm.capabilities.copies_cheaper
+        ssr = _final(decode_ssr(lm, PROMPT, cfg))
+        assert ssr.stats.forks == ("copied prefix: a step with a draft riding measured 1.00 ms copied against "
+                                   "2.00 ms shared on this model (the capability probe)")
+        assert (ssr.reasoning_ids, ssr.answer_ids) == (base.reasoning_ids, base.answer_ids) and ssr.stats.drafts >= 2
+        lm.share_forks = True  # the operator's switch: shared whatever the costs
+        assert _final(decode_ssr(lm, PROMPT, cfg)).stats.forks == "shared prefix"
+        lm.share_forks = None
+        lm.capabilities = dataclasses.replace(caps, fork_ms=(1.0, 0.95))  # within the margin: sharing (less memory)
+        ssr = _final(decode_ssr(lm, PROMPT, cfg))
+        assert ssr.stats.forks == "shared prefix"
+        assert (ssr.reasoning_ids, ssr.answer_ids) == (base.reasoning_ids, base.answer_ids)
+    finally:
+        lm.capabilities, lm.share_forks = caps, None

@@ -246,14 +246,17 @@ def unshared(lm) -> str | None:
     """Why this run's rows cannot share the prefix (:class:`RowBatch`'s shared forks) on ``lm``, in
     words; None where they can. Shared forks need a slot to be one position of one row, masks that
     hide slots (the capability probe's holes and shared-forks checks), k-token forwards, eager steps
-    on a cache of slots, and an attention function that takes the 4-D mask as given."""
+    on a cache of slots, and an attention function that takes the 4-D mask as given; and unless an
+    operator asked for them (``share_forks``), a riding step no dearer shared than copied (the probe
+    times both: on a small model the shared path's mask and slot map can cost more than the copies)."""
     impl = getattr(lm.model.config, "_attn_implementation", None)
     reasons = (
-        (not lm.share_forks, "shared forks turned off (LoadedModel.share_forks)"),
+        (lm.share_forks is False, "shared forks turned off (LoadedModel.share_forks)"),
         (lm.layout.sliding or _windowed(lm.model.config), "its sliding-window layers window slots, not one row's positions"),
         (lm.layout.recurrent, "its recurrent states are one per row"),
         (lm.capabilities.holes_unsafe, "its mask does not hide slots (the capability probe's holes check)"),
         (lm.capabilities.shared_unsafe, "rows sharing the cache did not decode as copies do (the capability probe's shared-forks check)"),
+        (lm.share_forks is None and lm.capabilities.copies_cheaper, lm.capabilities.copies_cheaper),
         (lm.capabilities.one_token_steps, "its multi-token forwards run one token at a time"),
         (lm.exact == "fixed", "exact mode's fixed route keeps a slot range per row"),
         (lm.compiled is not None, "compiled steps keep a slot range per row"),

@@ -26,6 +26,9 @@ class Check:
         return f"{self.name}: max logit difference {self.diff:.3g}" + ("" if self.ok else " (beyond rounding)")
 
 
+FORK_MARGIN = 0.9  # copied forks are taken where a riding step costs at most this fraction of a shared one's
+
+
 @dataclass(frozen=True)
 class Capabilities:
     checks: tuple[Check, ...]
@@ -34,6 +37,9 @@ class Capabilities:
     tolerance: float
     seconds: float
     cached: str | None = None  # when the probe read back from the cache ran ("2026-12-05 03:10 UTC"); None: this process
+    # a step with one draft riding, in ms, its prefix shared / copied (the median of several, interleaved, warm); None:
+    # not measured (the shared-forks check did not run or failed)
+    fork_ms: tuple[float, float] | None = None
 
     @property
     def provenance(self) -> str:
@@ -60,6 +66,19 @@ class Capabilities:
         """The shared-forks check failed: rows sharing one buffer row do not decode as copies do, so
         each draft copies the prefix."""
         return self._failed("shared forks")
+
+    @property
+    def copies_cheaper(self) -> str | None:
+        """Why each draft copies the prefix although it could share it: a riding step measured cheaper
+        copied (by :data:`FORK_MARGIN`: the shared path's mask and slot map cost more than the copies
+        save on this model); None where sharing costs no more."""
+        if self.fork_ms is None:
+            return None
+        shared, copied = self.fork_ms
+        if copied > FORK_MARGIN * shared:
+            return None
+        return (f"a step with a draft riding measured {copied:.2f} ms copied against {shared:.2f} ms shared on this "
+                "model (the capability probe)")
 
     @property
     def verify(self) -> str:

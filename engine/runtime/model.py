@@ -154,7 +154,9 @@ class LoadedModel:
         # what the capability probe measured (engine.runtime.probe), the routes its checks decided among them:
         # one-token steps, rows without holes, copied forks
         self.capabilities: Capabilities = UNPROBED
-        self.share_forks = True  # an operator's switch (the scaling benchmark's "copied" arm): False, every draft copies
+        # an operator's switch: None, drafts share the prefix or copy it as a riding step measured cheaper (the capability
+        # probe); True, they share it wherever the model can (the scaling benchmark's "shared" arm); False, they copy it
+        self.share_forks: bool | None = None
         self._exact_checks: dict[tuple, Invariance] = {}  # exact mode's self-check, per (route, compiled), once measured
         self.max_cache_bytes: int | None = None  # an operator's bound on one cache (None: what is available)
         self.slot_bytes: float | None = None  # KV bytes per slot per row, as measured on a cache of this model

@@ -3,10 +3,12 @@
 A CPU with native bf16 (AVX512-BF16, AMX) runs a small model's linears in bf16 at nearly the cost
 of one row whatever the rows, and its LM head several times faster than in fp32; a CPU without
 it emulates bf16 and runs slower than in fp32. Which holds is measured, not read from a list of
-CPU flags: :func:`choose`, at load, when no precision is asked for (``--dtype``), times a lone
-decode step in fp32 and in bf16 on the model itself (warm, interleaved, the median of several),
-and keeps bf16 only where it is faster by :data:`MARGIN` at a short and a long context (on a
-CPU that emulates bf16 its attention grows costlier with the context) and measured batch-invariant
+CPU flags: :func:`choose`, at load, when no precision is asked for (``--dtype``), times the
+forwards the methods run (:data:`SHAPES`: a lone step at a short and a long context, a verify of
+a few tokens, a draft riding) in fp32 and in bf16 on the model itself (warm, interleaved, the
+median of several), and keeps bf16 only where it is faster by :data:`MARGIN` at every one (a CPU
+that emulates bf16 can run a lone step faster and a verify or a riding row slower: SSR would then
+lose what it saves) and measured batch-invariant
 (``engine.runtime.exact.invariance`` on the fast path, bitwise: a token alone, beside other rows
 and inside wider forwards, which ``engine.runtime.attention``'s whole key blocks make hold on the
 CPU), so greedy SSR writes plain decoding's tokens in it. Otherwise fp32 stays, with the reason.
@@ -40,14 +42,17 @@ FAST = "bfloat16"
 MARGIN = 0.9  # bf16 is kept where a lone step costs at most this fraction of fp32's
 STEPS = 9  # timed steps per precision (after WARM untimed ones), interleaved
 WARM = 3
-CONTEXTS = (64, 512)  # tokens of context the steps are timed at: bf16 must be faster at both (its attention may not be)
+# the forwards timed, (rows, tokens, context): a lone step at a short and a long context, a verify, a draft riding; bf16
+# must be faster at each (on a CPU that emulates it, its attention grows costlier with the context, and its rows and
+# widths cost as many lone steps)
+SHAPES = ((1, 1, 64), (1, 1, 512), (1, 4, 64), (2, 1, 64))
 
 
 @dataclass(frozen=True)
 class Numerics:
     dtype: str  # what the runs' weights are in
     why: str  # how it was chosen, in words, for the strip and the run log
-    step_ms: dict[str, list[float]] = field(default_factory=dict)  # a lone step's median ms per precision, per context
+    step_ms: dict[str, list[float]] = field(default_factory=dict)  # each of SHAPES' median ms, per precision
     invariance: str | None = None  # the bf16 batch-invariance check, as measured (None: not run)
     cached: str | None = None  # when the decision read back from the cache was measured; None: this process
 
@@ -82,7 +87,7 @@ def choose(lm: LoadedModel, progress: Progress | None = None,
            cost: Callable[[LoadedModel, LoadedModel], dict[str, list[float]]] | None = None,
            check: Callable[[LoadedModel], object] | None = None) -> LoadedModel:
     """``lm`` (fp32, on the CPU) or its bf16 twin, whichever :func:`decide` keeps, with
-    ``.numerics`` set. ``cost`` (two models -> ms a lone step per context, per dtype) and ``check`` (a model ->
+    ``.numerics`` set. ``cost`` (two models -> ms of each shape, per dtype) and ``check`` (a model ->
     an ``Invariance``) are the measurements, replaceable by scripted ones in tests."""
     from engine.runtime.probe import probe_identity
 
@@ -113,12 +118,12 @@ def choose(lm: LoadedModel, progress: Progress | None = None,
 
 
 def decide(base: LoadedModel, twin: LoadedModel, ms: dict[str, list[float]], check: Callable[[LoadedModel], object]) -> Numerics:
-    """fp32 (``base``) or bf16 (``twin``) by the measured costs ``ms`` (a lone step's ms at each of
-    :data:`CONTEXTS`, per dtype): bf16 where it costs at most :data:`MARGIN` of fp32's at every
-    context and ``check`` finds it batch-invariant (checked only then)."""
+    """fp32 (``base``) or bf16 (``twin``) by the measured costs ``ms`` (ms of each of :data:`SHAPES`,
+    per dtype): bf16 where it costs at most :data:`MARGIN` of fp32's on every shape and ``check``
+    finds it batch-invariant (checked only then)."""
     slow, fast = ms[base.dtype], ms[twin.dtype]
-    at = " and ".join(f"{f:.1f} against {s:.1f} ms at {n} tokens" for f, s, n in zip(fast, slow, contexts(base)))
-    costs = f"a lone step cost {at} of context in {FAST} against float32, measured on this model and CPU"
+    shapes = "; ".join(f"{what} {f:.1f} against {s:.1f} ms" for what, f, s in zip(_shapes(base), fast, slow))
+    costs = f"{FAST} against float32, measured on this model and CPU: {shapes}"
     if any(f > MARGIN * s for f, s in zip(fast, slow)):
         return Numerics(base.dtype, f"float32, chosen at load: {costs}", ms)
     found = check(twin)
@@ -131,28 +136,37 @@ def decide(base: LoadedModel, twin: LoadedModel, ms: dict[str, list[float]], che
                     ms, str(found))
 
 
-def contexts(lm: LoadedModel) -> list[int]:
-    """The contexts the steps are timed at: :data:`CONTEXTS`, within the model's positions."""
-    room = (lm.context_length or 1 << 30) - WARM - STEPS - 4
-    return sorted({min(n, room) for n in CONTEXTS})
+def shapes(lm: LoadedModel) -> list[tuple[int, int, int]]:
+    """The step shapes timed, ``(rows, tokens, context)``: :data:`SHAPES`, within the model's positions."""
+    room = (lm.context_length or 1 << 30) - (WARM + STEPS) * 4 - 4
+    return [(rows, tokens, min(context, room)) for rows, tokens, context in SHAPES]
+
+
+def _shapes(lm: LoadedModel) -> list[str]:
+    words = {(1, 1): "a lone step", (2, 1): "two rows (a draft riding)"}
+    return [f"{words.get((r, t), f'a {t}-token verify')} at {c} tokens" for r, t, c in shapes(lm)]
 
 
 def step_costs(*models: LoadedModel) -> dict[str, list[float]]:
-    """The median ms of a lone decode step after each of :func:`contexts` tokens, per model's
-    dtype: the models' steps interleaved (so a busy machine weighs on each alike), after warm-up
-    steps."""
+    """The median ms of a forward of each of :func:`shapes`, per model's dtype: the models' forwards
+    interleaved (so a busy machine weighs on each alike), after warm-up forwards."""
+    from engine.runtime.cache import take_rows
+
     vocab = min(m.model.get_output_embeddings().weight.shape[0] for m in models)
     ms: dict[str, list[float]] = {m.dtype: [] for m in models}
-    for context in contexts(models[0]):
-        ids = [(7919 * i + 13) % vocab for i in range(context + WARM + STEPS)]
-        caches = [m.new_cache(len(ids) + 4) for m in models]
+    for rows, width, context in shapes(models[0]):
+        ids = [(7919 * i + 13) % vocab for i in range(context + (WARM + STEPS) * width)]
+        caches = [m.new_cache(len(ids) + 4, rows=rows) for m in models]
         for m, cache in zip(models, caches):
             m.step_logits(ids[:context], cache, 0)
+            take_rows(cache, [0] * rows)
         seconds: list[list[float]] = [[] for _ in models]
-        for j, token in enumerate(ids[context:]):
+        for j in range(WARM + STEPS):
+            at = context + j * width
+            feed = torch.tensor([ids[at : at + width]] * rows)
             for m, cache, times in zip(models, caches, seconds):
                 t0 = time.perf_counter()
-                m.step_logits([token], cache, context + j)
+                m.forward(feed, cache, at)
                 if j >= WARM:
                     times.append(time.perf_counter() - t0)
         for m, times in zip(models, seconds):

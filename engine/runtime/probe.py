@@ -51,6 +51,7 @@ random weights) are probed every time.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib
@@ -122,7 +123,7 @@ def capabilities(lm: LoadedModel, progress: Progress | None = None) -> Capabilit
     return caps
 
 
-CACHE_FORMAT = 2  # the cached record's layout; a change makes every old record another identity's
+CACHE_FORMAT = 3  # the cached record's layout; a change makes every old record another identity's
 
 
 @functools.lru_cache(maxsize=1)
@@ -165,6 +166,8 @@ def read_record(path: Path, identity: dict) -> tuple[Capabilities, dict] | None:
             return None
         saved = dict(record["capabilities"])
         checks = tuple(Check(**c) for c in saved.pop("checks"))
+        if saved.get("fork_ms") is not None:
+            saved["fork_ms"] = tuple(saved["fork_ms"])
         return Capabilities(checks=checks, **saved, cached=str(record["measured"])), record
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -310,7 +313,38 @@ def _checks(lm: LoadedModel) -> Capabilities:
         if not decided().holes_unsafe and unshared(lm) is None:  # (the holes check failed: rows hold none, no sharing)
             checks.append(measured("shared forks", lambda: max(_fork(lm, prefix, true, junk, ref, shared=True),
                                                                _holes(lm, prefix, true, junk, ref, shared=True))))
+            if checks[-1].ok:  # both ways hold: the cheaper is taken (engine.runtime.batch.unshared)
+                return dataclasses.replace(decided(), fork_ms=fork_costs(lm, vocab))
     return decided()  # the whole record (a failed shared-forks check: each draft copies the prefix)
+
+
+RIDING_CONTEXT = 128  # the prefix a riding step is timed after (within the model's positions)
+RIDING_STEPS, RIDING_WARM = 9, 3
+
+
+def fork_costs(lm: LoadedModel, vocab: int) -> tuple[float, float]:
+    """The median ms of a step of the main row and one draft riding, one token each, the draft's
+    prefix shared and copied: both batches stepped in turn (a busy machine weighs on each alike),
+    after warm-up steps."""
+    context = min(RIDING_CONTEXT, (lm.context_length or RIDING_CONTEXT * 4) // 2)
+    ids = [(7919 * i + 13) % vocab for i in range(context + RIDING_WARM + RIDING_STEPS)]
+    batches = []
+    for shared in (True, False):
+        cache = lm.new_cache(len(ids) * 2 + 8, rows=2)
+        lm.step_logits(ids[:context], cache, 0)
+        batch = RowBatch(lm, cache, context, shared=shared)
+        batch.fork()
+        batches.append(batch)
+    times: list[list[float]] = [[], []]
+    for j, token in enumerate(ids[context:]):
+        for batch, spent in zip(batches, times):
+            t0 = time.perf_counter()
+            batch.forward([[token], [(token * 7 + 1) % vocab]])
+            batch.keep([1, 1])
+            if j >= RIDING_WARM:
+                spent.append(time.perf_counter() - t0)
+    shared_ms, copied_ms = (round(1000 * sorted(t)[len(t) // 2], 3) for t in times)
+    return shared_ms, copied_ms
 
 
 def _short(err: Exception) -> str:

@@ -98,7 +98,7 @@ def rounds(lm, prompt: str, thinks: list[int], drafts: list[int], forks: list[st
                     try:
                         got = measure(decoder("ssr", lm), prompt, cfg)
                     finally:
-                        lm.share_forks = True
+                        lm.share_forks = None
                     got["identical"] = got["tokens"] == base["tokens"]
                     got["ratio"] = got["wall_s"] / base["wall_s"]
                     got["reasoning_ratio"] = got["reasoning_s"] / base["reasoning_s"] if base["reasoning_s"] else None
