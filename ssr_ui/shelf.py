@@ -136,7 +136,8 @@ class ModelShelf:
                                dtype=None if name in self.servers else self.dtype,
                                random_weights=name in self.random_weights, tokenizer=self.random_weights.get(name))
             if not isinstance(lm, RemoteModel):  # no warm-up here: each kind of run is warmed before its first (warm)
-                self.load_messages[key] = f"loaded; {capabilities(lm).provenance}"
+                numerics = f"; {lm.numerics.sentence}" if getattr(lm, "numerics", None) is not None else ""
+                self.load_messages[key] = f"loaded; {capabilities(lm).provenance}{numerics}"
                 lm.max_cache_bytes = self.max_cache_bytes
             return lm
 

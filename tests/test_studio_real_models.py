@@ -240,7 +240,7 @@ def _slow_load(monkeypatch, seconds: float, messages=("dequantizing 272 tensors 
     import ssr_ui.shelf
     from tests.tiny import make_model
 
-    def load_role(name, device=None, server=None, progress=None, random_weights=False, tokenizer=None):
+    def load_role(name, device=None, server=None, progress=None, random_weights=False, tokenizer=None, dtype=None):
         for message in messages:
             progress(message)
         time.sleep(seconds)
