@@ -82,6 +82,55 @@ def test_the_lookups_alone_ablation_is_a_row_of_its_own_and_ssr_is_measured_agai
     assert "/ lookups alone (IQR)" in capsys.readouterr().out
 
 
+def test_vs_dtype_runs_baseline_in_the_other_precision_interleaved(model_dir, prompts, tmp_path, capsys, monkeypatch):
+    """``--vs-dtype``: baseline in another precision is a row of its own (``baseline@bfloat16``), run
+    on every problem beside the others, logged as baseline in that precision; the numerics the
+    target runs in are printed and kept in results.json."""
+    monkeypatch.setenv("SSR_STUDIO_CACHE", str(tmp_path / "cache"))
+    out, db = tmp_path / "results.json", tmp_path / "runs.db"
+    assert bench.main(["--model", str(model_dir), "--methods", "baseline,ssr", "--prompts", str(prompts), "--out",
+                       str(out), "--db", str(db), "--dtype", "float32", "--vs-dtype", "bfloat16", "--max-think", "12",
+                       "--draft-start", "3", "--max-answer", "8", "--warmup", "0"]) == 0
+    result = json.loads(out.read_text())
+    assert [r["method"] for r in result["runs"][:3]] == ["baseline", "ssr", "baseline@bfloat16"]
+    assert {r["dtype"] for r in result["runs"] if r["method"] == "baseline@bfloat16"} == {"bfloat16"}
+    assert "baseline@bfloat16" in {row["method"] for row in result["summary"]}
+    assert result["numerics"] == "float32: as asked (--dtype)"
+    assert {(r["method"], r["dtype"]) for r in RunLog(db).runs(limit=100)} == {
+        ("baseline", "float32"), ("ssr", "float32"), ("baseline", "bfloat16")}
+    assert "numerics: float32: as asked (--dtype)" in capsys.readouterr().out
+
+
+def test_the_llama_server_comparison_reads_the_servers_own_timings(monkeypatch):
+    """The report's arithmetic on a scripted server (a real one needs a llama-server binary): end to end
+    against the baseline's latency, the generation alone against its time after the prefill."""
+    from types import SimpleNamespace
+
+    from engine.llamacpp import server
+
+    class Scripted:
+        settings = "llama.cpp's defaults"
+
+        def __init__(self, binary, lm, cells, same_settings):
+            pass
+
+        def generate(self, ids, n):
+            return {"prompt_ms": 100.0, "predicted_ms": 900.0, "predicted_n": n, "wall_s": 1.0}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(server, "LlamaServer", Scripted)
+    lm = SimpleNamespace(threads=2, prompt_ids=lambda text: [1, 2, 3])
+    problems = [SimpleNamespace(id="a", prompt="x"), SimpleNamespace(id="b", prompt="y")]
+    runs = [{"method": "baseline", "prompt_id": pid, "reasoning_token_ids": [0] * 60, "answer_token_ids": [0] * 30,
+             "latency_s": 1.25, "prefill_s": 0.25} for pid in ("a", "b")]
+    got = server.compare("llama-server", lm, problems, runs, 224)
+    assert got["server_tokens_per_s"] == pytest.approx(90.0) and got["server_generation_tokens_per_s"] == pytest.approx(100)
+    assert got["ratio"] == pytest.approx(72 / 90) and got["generation_ratio"] == pytest.approx(0.9)
+    assert "= 0.80x, 90.0 after its prefill = 0.90x llama-server's" in server.said(got)
+
+
 def test_hf_peer_splits_at_the_marker_and_matches_baseline(model_dir, prompts, tmp_path):
     """generate() and our loop write the same tokens (tests/test_peers_budget.py: with the budget in play too)."""
     out = tmp_path / "r.json"
@@ -99,6 +148,7 @@ def test_hf_peer_splits_at_the_marker_and_matches_baseline(model_dir, prompts, t
     (["--max-think", "0"], "Max think (max_think) must be a whole number in 1..1000000; got 0"),
     (["--draft-start", "5000"], "Draft start (draft_start) must be a whole number in 0.."),
     (["--repeat", "0"], "--repeat=0"),
+    (["--llama-server", "/no/such/llama-server"], "add --runtime llama.cpp"),
 ])
 def test_bad_arguments_fail_cleanly(model_dir, prompts, tmp_path, capsys, args, message):
     code = bench.main(["--model", str(model_dir), "--prompts", str(prompts), "--out", str(tmp_path / "o.json"), *args])

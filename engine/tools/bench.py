@@ -64,6 +64,7 @@ from engine.config import RunConfig, field_help
 from engine.events import Event, TokenEvent
 from engine.llamacpp import costs as llama_costs
 from engine.llamacpp import reference as llama_reference
+from engine.llamacpp import server as llama_server
 from engine.llamacpp.model import RUNTIME as LLAMA
 from engine.presets import with_exit_probes
 from engine.registry import METHODS, check_method, decoder, not_answer_only, on_ssr_loop, uses, writes_steps
@@ -224,6 +225,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="what runs --model in process: transformers (the default: torch) or llama.cpp (a GGUF file: a "
                          "registry model, a .gguf path; needs requirements-llama.txt); on llama.cpp the bench also "
                          "measures llama.cpp's own generation on the same file and threads, and its row and width costs")
+    ap.add_argument("--llama-server", default=None, metavar="PATH",
+                    help="on --runtime llama.cpp, also time llama.cpp's own server (a llama-server binary built from the "
+                         "llama.cpp llama-cpp-python vendors: engine/llamacpp/server.py says how) on the same file, "
+                         "threads, problems and token counts")
+    ap.add_argument("--llama-server-settings", choices=("defaults", "runtime"), default="defaults",
+                    help="llama-server's context: llama.cpp's defaults (f16 KV, what its users run) or the runtime's "
+                         "(q8_0 KV, flash attention, micro-batches of 32: the same numerics)")
     ap.add_argument("--backend", choices=("transformers", "vllm"), default=None,
                     help="where --model runs: in process (transformers, the default) or on a vLLM server (--base-url)")
     ap.add_argument("--base-url", default=None, help="run --model on a vLLM server at this URL (e.g. "
@@ -272,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
             check_method(m)
         if args.repeat < 1:
             raise ValueError(f"--repeat={args.repeat} must be >= 1")
+        if args.llama_server and args.runtime != LLAMA:
+            raise ValueError("--llama-server compares llama.cpp's own server with the llama.cpp runtime: add --runtime "
+                             "llama.cpp")
+        if args.llama_server and not Path(args.llama_server).expanduser().is_file():
+            raise ValueError(f"--llama-server {args.llama_server!r} is not a file (build it: engine/llamacpp/server.py "
+                             "says how)")
         if args.exact_route and not args.exact:
             raise ValueError(f"--exact-route {args.exact_route} chooses exact mode's route: add --exact")
         flags = {k: getattr(args, k) for k in (*CONFIG_FLAGS, "exact", "exact_route", "compile", "thinking",
@@ -352,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
         print("measuring llama.cpp's own generation on the same problems, then its row and width costs", flush=True)
         native = {"own": llama_reference.compare(lm, problems, runs, cfg.max_think + cfg.max_answer, args.repeat),
                   "costs": llama_costs.costs(lm)}
+        if args.llama_server:
+            print("measuring llama-server on the same problems", flush=True)
+            native["server"] = llama_server.compare(args.llama_server, lm, problems, runs, cfg.max_think + cfg.max_answer,
+                                                    args.repeat, args.llama_server_settings == "runtime")
     Path(args.out).write_text(json.dumps({"model": args.model, "dataset": dataset, "config": cfg.to_dict(),
                                           "runtime": args.runtime or "transformers", "llama_cpp": native or None,
                                           "method_configs": {m: c.to_dict() for m, c in configs.items()},
@@ -366,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     if native:
         print(llama_reference.said(native["own"]))
+        if "server" in native:
+            print(llama_server.said(native["server"]))
         print(llama_costs.said(native["costs"]))
     for line in where_time_went(runs):
         print(line)
