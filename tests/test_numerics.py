@@ -192,3 +192,25 @@ def test_a_runs_stats_say_how_its_precision_was_chosen():
     done = list(decode_baseline(lm, "hi", RunConfig(max_think=4, max_answer=4)))[-1]
     assert done.stats.numerics == "float32, chosen at load: a lone step cost ..."
     assert done.stats.to_dict()["numerics"] == done.stats.numerics
+
+
+def test_a_bf16_model_that_is_not_batch_invariant_is_refused_ssr_before_the_run():
+    """A model forced into bf16 (``--dtype bfloat16``) on the CPU is probed for the route's property;
+    where it fails, SSR and sd are refused before anything streams, with the measured difference and
+    the first module, and plain decoding still runs (exact mode's own self-check decides there)."""
+    from engine.methods.sd import decode_sd
+    from engine.runtime.probe import MethodRefused, capabilities
+
+    lm = _bf16(family_model("mamba2", dtype=torch.float32))
+    check = capabilities(lm).check("batch invariance")
+    assert check is not None and not check.ok and "first differing layer" in str(check)
+    events = []
+    with pytest.raises(MethodRefused, match=r"SSR is refused on .*batch invariance: max logit difference.*--dtype float32"):
+        events.extend(decode_ssr(lm, "hello there", RunConfig(**SMALL)))
+    assert events == []
+    with pytest.raises(MethodRefused, match="speculative decoding is refused"):
+        list(decode_sd(lm, lm, "hello there", RunConfig(**SMALL)))
+    list(decode_baseline(lm, "hello there", RunConfig(**SMALL)))  # plain decoding runs
+    ok = _bf16(make_model("llama", dtype=torch.float32))
+    assert capabilities(ok).check("batch invariance").ok
+    assert capabilities(make_model("llama", dtype=torch.float32)).check("batch invariance") is None  # fp32: not this route

@@ -84,7 +84,7 @@ def decode_sd(target: StepModel, draft: StepModel, prompt: str, cfg: RunConfig,
     for lm in (target, draft):
         lm.check_fits(len(prompt_ids), new_tokens)
     target.rope.check_speculation(capacity, target.model_id, target.layout.recurrent)
-    caps = require(target, "speculative decoding", rollbacks=True)  # the draft need not be exact: the verify is
+    caps = require(target, "speculative decoding", rollbacks=True, identical=not cfg.exact_mode)  # the draft need not be exact: the verify is
     rec = Recorder(target.tokenizer, "sd", len(prompt_ids), target.device)
     for lm in dict.fromkeys((target, draft)):  # (a model may be its own draft)
         lm.begin_run(cfg.exact_mode, cfg.compile)

@@ -26,6 +26,7 @@ class Check:
         return f"{self.name}: max logit difference {self.diff:.3g}" + ("" if self.ok else " (beyond rounding)")
 
 
+INVARIANCE = "batch invariance"  # the check of bf16's batch-invariant route (engine.runtime.attention), on the CPU
 FORK_MARGIN = 0.9  # copied forks are taken where a riding step costs at most this fraction of a shared one's
 
 
@@ -89,18 +90,21 @@ class Capabilities:
             return K_TOKENS + rows
         return f"{ONE_TOKEN}: this model's multi-token forward ignores its state ({self.check('multi-token')})" + rows
 
-    def failed(self, rollbacks: bool = True) -> list[Check]:
+    def failed(self, rollbacks: bool = True, identical: bool = True) -> list[Check]:
         """The failed checks a method depends on. Plain decoding (``rollbacks`` false) needs
         one-token decoding and, where the probe chose them, one-token steps; SSR and RSD, which
         roll rows back and fork them, need every check but the ones a route answers (multi-token:
-        one token per step; holes: rows hold none; shared forks: each draft copies the prefix)."""
+        one token per step; holes: rows hold none; shared forks: each draft copies the prefix);
+        a method that promises plain decoding's tokens (``identical``: SSR, sd, not RSD, and not a
+        run in exact mode, whose own self-check holds it) also needs the bf16 route's batch
+        invariance, where the probe measured it (a bf16 or fp16 model on the CPU)."""
         plain = ("one-token decoding", "one-token steps")
-        routed = ("multi-token", "holes", "shared forks")
+        routed = ("multi-token", "holes", "shared forks") + (() if identical else (INVARIANCE,))
         return [c for c in self.checks if not c.ok and c.name not in routed and (rollbacks or c.name in plain)]
 
-    def refusal(self, method: str, model_id: str, rollbacks: bool = True) -> str | None:
+    def refusal(self, method: str, model_id: str, rollbacks: bool = True, identical: bool = True) -> str | None:
         """Why ``method`` cannot run exactly on this model, as measured, or None."""
-        failed = self.failed(rollbacks)
+        failed = self.failed(rollbacks, identical)
         if not failed:
             return None
         still = " (plain decoding still works)" if rollbacks and not self.failed(False) else ""

@@ -66,9 +66,10 @@ from pathlib import Path
 
 import torch
 
+from engine.runtime.attention import BLOCKED
 from engine.runtime.batch import RowBatch, unshared
 from engine.runtime.cache import checkpoint, layout, threshold_length, tolerance, unknown_layer_kinds
-from engine.runtime.capabilities import UNPROBED, Capabilities, Check
+from engine.runtime.capabilities import INVARIANCE, UNPROBED, Capabilities, Check
 from engine.runtime.gguf import Progress, cache_dir
 from engine.runtime.model import LoadedModel, SSRUnsupportedError
 
@@ -87,11 +88,12 @@ SHORT_PROMPTS = (2, 3, 5, 8, 13)  # prompt lengths the split-prefill check also 
 TAIL = sum(WIDTHS) + 2 * STEPS  # tokens after the prefix: the reference's stretch, then junk
 
 
-def require(lm: LoadedModel, method: str, rollbacks: bool = True) -> Capabilities:
+def require(lm: LoadedModel, method: str, rollbacks: bool = True, identical: bool = True) -> Capabilities:
     """The model's probed capabilities; ``MethodRefused`` (a ValueError) naming what was measured
-    when ``method`` cannot run exactly on it."""
+    when ``method`` cannot run exactly on it (``identical``: it promises plain decoding's tokens
+    on the fast path, :meth:`Capabilities.failed`)."""
     caps = capabilities(lm)
-    why = caps.refusal(method, lm.model_id, rollbacks)
+    why = caps.refusal(method, lm.model_id, rollbacks, identical)
     if why:
         raise MethodRefused(why)
     return caps
@@ -290,6 +292,7 @@ def _checks(lm: LoadedModel) -> Capabilities:
         return Check(name, diff <= tol * scale, diff)
 
     checks = [measured("multi-token", lambda: _multi_token(lm, prefix, stretch, ref))]
+    fork_ms = None
     one_token = not checks[0].ok
 
     def decided() -> Capabilities:  # the record so far, on the model: the routes the next checks take
@@ -314,8 +317,26 @@ def _checks(lm: LoadedModel) -> Capabilities:
             checks.append(measured("shared forks", lambda: max(_fork(lm, prefix, true, junk, ref, shared=True),
                                                                _holes(lm, prefix, true, junk, ref, shared=True))))
             if checks[-1].ok:  # both ways hold: the cheaper is taken (engine.runtime.batch.unshared)
-                return dataclasses.replace(decided(), fork_ms=fork_costs(lm, vocab))
-    return decided()  # the whole record (a failed shared-forks check: each draft copies the prefix)
+                fork_ms = fork_costs(lm, vocab)
+    if lm.device.type == "cpu" and next(lm.model.parameters()).dtype in BLOCKED:
+        decided()  # its forwards take the routes decided so far
+        checks.append(_invariance(lm))
+    return dataclasses.replace(decided(), fork_ms=fork_ms)  # the whole record (shared forks failed: drafts copy)
+
+
+def _invariance(lm: LoadedModel) -> Check:
+    """bf16's batch-invariant route on the CPU (``engine.runtime.attention``), bitwise: a token alone,
+    beside other rows and inside wider forwards (exact mode's self-check, on the fast path)."""
+    from engine.runtime.exact import invariance
+
+    try:
+        found = invariance(lm, False)
+    except Exception as err:  # noqa: BLE001 (a check that raises has found what a run would meet)
+        return Check(INVARIANCE, False, error=_short(err))
+    if found.exact:
+        return Check(INVARIANCE, True, 0.0)
+    return Check(INVARIANCE, False, reason=f"{found}: SSR's tokens would not be plain decoding's in "
+                                           f"{lm.dtype} here; run in float32 (--dtype float32) or in exact mode")
 
 
 RIDING_CONTEXT = 128  # the prefix a riding step is timed after (within the model's positions)

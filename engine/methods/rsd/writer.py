@@ -108,7 +108,7 @@ class LocalWriter:
         if not isinstance(lm, StepModel):  # say so here, not as a failed forward mid-run
             raise TypeError(f"the {role} {getattr(lm, 'model_id', lm)!r} is not an in-process model: run it through "
                             "engine.registry.decoder, which gives each model its writer (or pass decode_rsd a writer)")
-        require(lm, f"RSD (its {role})")  # its steps are rolled back: measured before the run, else refused
+        require(lm, f"RSD (its {role})", identical=False)  # its steps are rolled back: measured before the run, else refused
         self.model = CachedModel(lm, capacity, role=role)
         self.chooser = Chooser(cfg.temperature, cfg.top_p, cfg.seed)
 

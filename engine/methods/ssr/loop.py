@@ -105,7 +105,7 @@ def decode_ssr(lm: StepModel, prompt: str, cfg: RunConfig, method: str = "ssr",
     new_tokens = run_tokens(cfg, markers, planned)
     lm.check_fits(len(prompt_ids), new_tokens)
     lm.rope.check_speculation(len(prompt_ids) + new_tokens, lm.model_id, lm.layout.recurrent)  # past a RoPE switch
-    caps = require(lm, "SSR")  # measured on this model once: refused here, never a crash or divergence mid-run
+    caps = require(lm, "SSR", identical=not cfg.exact_mode)  # measured on this model once: refused here, never a crash or divergence mid-run
     lm.begin_run(cfg.exact_mode, cfg.compile)
     warm = store.begin(cfg, method)  # a kind's first run is cold: it teaches nothing (engine.methods.ssr.evidence)
     # the drafts read the main row's prefix from one buffer row where the model allows (engine.runtime.batch,
