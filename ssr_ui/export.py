@@ -57,7 +57,8 @@ def logged_view(row: dict, events: list) -> TraceView:
     told from the log, which keeps the marker's text but not its kind: "prompted" when the closing
     marker was written over several tokens (a marker token is one), "none" when the run had no
     marker and no reasoning token (a base model); else not said."""
-    view = TraceView(method=str(row.get("method") or ""), think_end=row.get("think_end"))
+    view = TraceView(method=str(row.get("method") or ""), think_end=row.get("think_end"),
+                     dtypes=row.get("dtype"))  # the log keeps the target's precision (its numerics: the stats)
     for ev in events:
         view.apply(ev)
     if view.marker_tokens() > 1:

@@ -214,3 +214,21 @@ def test_a_bf16_model_that_is_not_batch_invariant_is_refused_ssr_before_the_run(
     ok = _bf16(make_model("llama", dtype=torch.float32))
     assert capabilities(ok).check("batch invariance").ok
     assert capabilities(make_model("llama", dtype=torch.float32)).check("batch invariance") is None  # fp32: not this route
+
+
+def test_the_strip_names_the_precision_and_says_on_hover_how_it_was_chosen(tmp_path):
+    """Through the studio: a run's precision cell carries the numerics sentence as its tooltip (escaped
+    at the strip's one place), and the run log and the replay keep it."""
+    from ssr_ui.export import logged_view
+    from ssr_ui.handlers import Studio
+    from ssr_ui.render import metrics_html
+
+    studio = Studio("tiny", db=str(tmp_path / "runs.db"))
+    lm = make_model("llama", dtype=torch.float32)
+    lm.numerics = Numerics("float32", 'float32, chosen at load: a "verify" <cost> measured')
+    studio.add_model("tiny", lm)
+    strip = list(studio.run("hello", "Baseline", "tiny", max_think=4, max_answer=4))[-1].metrics
+    assert 'title="float32, chosen at load: a &quot;verify&quot; &lt;cost&gt; measured">float32<' in strip
+    [row] = studio.log.runs(limit=1)
+    assert row["numerics"] == 'float32, chosen at load: a "verify" <cost> measured'
+    assert "&lt;cost&gt; measured" in metrics_html(logged_view(row, studio.log.events(row["id"])), "Baseline")
