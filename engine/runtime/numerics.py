@@ -2,7 +2,7 @@
 
 A CPU with native bf16 (AVX512-BF16, AMX) runs a small model's linears in bf16 at nearly the cost
 of one row whatever the rows, and its LM head several times faster than in fp32; a CPU without
-it emulates bf16 and runs slower than in fp32. Which holds is measured, not read from a list of
+it emulates bf16: some forwards run faster than in fp32, others not. Which holds is measured, not read from a list of
 CPU flags: :func:`choose`, at load, when no precision is asked for (``--dtype``), times the
 forwards the methods run (:data:`SHAPES`: a lone step at a short and a long context, a verify of
 a few tokens, a draft riding) in fp32 and in bf16 on the model itself (warm, interleaved, the
@@ -39,7 +39,7 @@ from engine.runtime.gguf import Progress, cache_dir
 from engine.runtime.model import LoadedModel
 
 FAST = "bfloat16"
-MARGIN = 0.9  # bf16 is kept where a lone step costs at most this fraction of fp32's
+MARGIN = 0.9  # bf16 is kept where each forward of SHAPES costs at most this fraction of fp32's
 STEPS = 9  # timed steps per precision (after WARM untimed ones), interleaved
 WARM = 3
 # the forwards timed, (rows, tokens, context): a lone step at a short and a long context, a verify, a draft riding; bf16
@@ -76,8 +76,8 @@ def settle(lm: LoadedModel, asked: str | None, progress: Progress | None = None)
     elif lm.device.type != "cpu":
         lm.numerics = given(lm, f"the default on a {lm.device.type} (--dtype changes it)")
     elif folder and Path(folder).parent == BUNDLED_DIR.resolve():
-        lm.numerics = given(lm, f"the bundled models keep the float32 they were trained in ({FAST} costs them "
-                                "accuracy: docs/BENCHMARKS.md, Numerics)")
+        lm.numerics = given(lm, f"the bundled models keep the float32 they were trained in ({FAST} cost them "
+                                "accuracy: docs/BENCHMARKS.md, \"The bundled models in bf16\")")
     else:
         lm = choose(lm, progress)
     return lm
@@ -101,7 +101,7 @@ def choose(lm: LoadedModel, progress: Progress | None = None,
     need = sum(p.numel() for p in lm.model.parameters()) * 2
     free = available_bytes(lm.device)
     if free is not None and need > 0.8 * free:
-        lm.numerics = given(lm, f"{lm.dtype}: no room to measure {FAST} beside it ({need / 2**30:.2f} GB for a copy, "
+        lm.numerics = given(lm, f"no room to measure {FAST} beside it ({need / 2**30:.2f} GB for a copy, "
                                 f"{free / 2**30:.2f} GB available); --dtype {FAST} runs in it")
         return lm
     if progress is not None:
