@@ -21,6 +21,7 @@ from engine.methods.seams import check_pair
 from engine.presets import recommended_settings
 from engine.remote.model import RemoteModel, connect
 from engine.remote.prm import connect_prm
+from engine.runtime import numerics
 from engine.runtime.gguf import Progress
 from engine.runtime.model import (
     LoadedModel,
@@ -30,7 +31,6 @@ from engine.runtime.model import (
     resolve_model_path,
 )
 from engine.runtime.probe import capabilities
-from engine.runtime.numerics import given, settle
 
 
 @dataclass(frozen=True)
@@ -107,9 +107,9 @@ def load_role(name: str, device: str | None = None, server: Server | None = None
                      speculation=server.speculation)
     elif random_weights:
         lm = random_weights_model(name, device, dtype=dtype, tokenizer=tokenizer)
-        lm.numerics = given(lm, "random weights, as built" + (" (--dtype)" if dtype else ""))
+        lm.numerics = numerics.given(lm, "random weights, as built" + (" (--dtype)" if dtype else ""))
     else:
-        lm = settle(load_model(name, device=device, dtype=dtype, progress=progress), dtype, progress)
+        lm = numerics.settle(load_model(name, device=device, dtype=dtype, progress=progress), dtype, progress)
     if isinstance(lm, LoadedModel):  # measured at load (or read back from its cache), kept: what SSR relies on
         capabilities(lm, progress)
     if target is not None:

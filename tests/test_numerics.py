@@ -29,7 +29,7 @@ from engine.runtime.attention import KEY_BLOCK, padded_keys
 from engine.runtime.exact import _first_difference, invariance
 from engine.runtime.model import LoadedModel, load_model
 from engine.runtime.numerics import Numerics, choose, decide, settle
-from tests.families import SSR_REFUSED, family_model
+from tests.families import family_model
 from tests.tiny import make_model
 
 FASTER = {"float32": [40.0, 60.0, 60.0, 80.0], "bfloat16": [20.0, 30.0, 30.0, 40.0]}  # ms of each numerics.SHAPES

@@ -27,9 +27,9 @@ import hashlib
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -122,9 +122,9 @@ def decide(base: LoadedModel, twin: LoadedModel, ms: dict[str, list[float]], che
     per dtype): bf16 where it costs at most :data:`MARGIN` of fp32's on every shape and ``check``
     finds it batch-invariant (checked only then)."""
     slow, fast = ms[base.dtype], ms[twin.dtype]
-    shapes = "; ".join(f"{what} {f:.1f} against {s:.1f} ms" for what, f, s in zip(_shapes(base), fast, slow))
+    shapes = "; ".join(f"{what} {f:.1f} against {s:.1f} ms" for what, f, s in zip(_shapes(base), fast, slow, strict=True))
     costs = f"{FAST} against float32, measured on this model and CPU: {shapes}"
-    if any(f > MARGIN * s for f, s in zip(fast, slow)):
+    if any(f > MARGIN * s for f, s in zip(fast, slow, strict=True)):
         return Numerics(base.dtype, f"float32, chosen at load: {costs}", ms)
     found = check(twin)
     if not found.exact:
@@ -157,19 +157,19 @@ def step_costs(*models: LoadedModel) -> dict[str, list[float]]:
     for rows, width, context in shapes(models[0]):
         ids = [(7919 * i + 13) % vocab for i in range(context + (WARM + STEPS) * width)]
         caches = [m.new_cache(len(ids) + 4, rows=rows) for m in models]
-        for m, cache in zip(models, caches):
+        for m, cache in zip(models, caches, strict=True):
             m.step_logits(ids[:context], cache, 0)
             take_rows(cache, [0] * rows)
         seconds: list[list[float]] = [[] for _ in models]
         for j in range(WARM + STEPS):
             at = context + j * width
             feed = torch.tensor([ids[at : at + width]] * rows)
-            for m, cache, times in zip(models, caches, seconds):
+            for m, cache, times in zip(models, caches, seconds, strict=True):
                 t0 = time.perf_counter()
                 m.forward(feed, cache, at)
                 if j >= WARM:
                     times.append(time.perf_counter() - t0)
-        for m, times in zip(models, seconds):
+        for m, times in zip(models, seconds, strict=True):
             ms[m.dtype].append(round(1000 * statistics.median(times), 3))
     return ms
 

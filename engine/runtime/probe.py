@@ -358,7 +358,7 @@ def fork_costs(lm: LoadedModel, vocab: int) -> tuple[float, float]:
         batches.append(batch)
     times: list[list[float]] = [[], []]
     for j, token in enumerate(ids[context:]):
-        for batch, spent in zip(batches, times):
+        for batch, spent in zip(batches, times, strict=True):
             t0 = time.perf_counter()
             batch.forward([[token], [(token * 7 + 1) % vocab]])
             batch.keep([1, 1])
