@@ -5,7 +5,7 @@ of one row whatever the rows, and its LM head several times faster than in fp32;
 it emulates bf16: some forwards run faster than in fp32, others not. Which holds is measured, not read from a list of
 CPU flags: :func:`choose`, at load, when no precision is asked for (``--dtype``), times the
 forwards the methods run (:data:`SHAPES`: a lone step at a short and a long context, a verify of
-a few tokens, a draft riding) in fp32 and in bf16 on the model itself (warm, interleaved, the
+a few tokens, a draft riding, a prompt's prefill) in fp32 and in bf16 on the model itself (warm, interleaved, the
 median of several), and keeps bf16 only where it is faster by :data:`MARGIN` at every one (a CPU
 that emulates bf16 can run a lone step faster and a verify or a riding row slower: SSR would then
 lose what it saves) and measured batch-invariant
@@ -42,17 +42,20 @@ FAST = "bfloat16"
 MARGIN = 0.9  # bf16 is kept where each forward of SHAPES costs at most this fraction of fp32's
 STEPS = 9  # timed steps per precision (after WARM untimed ones), interleaved
 WARM = 3
-# the forwards timed, (rows, tokens, context): a lone step at a short and a long context, a verify, a draft riding; bf16
-# must be faster at each (on a CPU that emulates it, its attention grows costlier with the context, and its rows and
-# widths cost as many lone steps)
-SHAPES = ((1, 1, 64), (1, 1, 512), (1, 4, 64), (2, 1, 64))
+# the forwards timed, in this order, (rows, tokens, context; context 0: a prefill from an empty cache): a prompt's
+# prefill, a lone step, a verify, a draft riding, a lone step at a long context; bf16 must be faster at each (on a CPU
+# that emulates it, a prefill costs about as many lone steps as its tokens, its rows and widths as many lone steps, and
+# its attention grows costlier with the context). The timing stops at the first bf16 does not win: the prefill first,
+# as the one an emulating CPU loses by most, before any other shape's own prefill is paid in bf16
+SHAPES = ((1, 64, 0), (1, 1, 64), (1, 4, 64), (2, 1, 64), (1, 1, 512))
+PREFILLS = (1, 3)  # a prefill shape's warm-up and timed forwards (each is tens of steps' work)
 
 
 @dataclass(frozen=True)
 class Numerics:
     dtype: str  # what the runs' weights are in
     why: str  # how it was chosen, in words, for the strip and the run log
-    step_ms: dict[str, list[float]] = field(default_factory=dict)  # each of SHAPES' median ms, per precision
+    step_ms: dict[str, list[float]] = field(default_factory=dict)  # SHAPES' median ms in order, per precision (as timed)
     invariance: str | None = None  # the bf16 batch-invariance check, as measured (None: not run)
     cached: str | None = None  # when the decision read back from the cache was measured; None: this process
 
@@ -76,8 +79,8 @@ def settle(lm: LoadedModel, asked: str | None, progress: Progress | None = None)
     elif lm.device.type != "cpu":
         lm.numerics = given(lm, f"the default on a {lm.device.type} (--dtype changes it)")
     elif folder and Path(folder).parent == BUNDLED_DIR.resolve():
-        lm.numerics = given(lm, f"the bundled models keep the float32 they were trained in ({FAST} cost them "
-                                "accuracy: docs/BENCHMARKS.md, \"The bundled models in bf16\")")
+        lm.numerics = given(lm, f"the bundled models keep the float32 they were trained in ({FAST} costs them accuracy, "
+                                "and speed on a CPU without native bf16: docs/BENCHMARKS.md, \"The bundled models in bf16\")")
     else:
         lm = choose(lm, progress)
     return lm
@@ -118,13 +121,16 @@ def choose(lm: LoadedModel, progress: Progress | None = None,
 
 
 def decide(base: LoadedModel, twin: LoadedModel, ms: dict[str, list[float]], check: Callable[[LoadedModel], object]) -> Numerics:
-    """fp32 (``base``) or bf16 (``twin``) by the measured costs ``ms`` (ms of each of :data:`SHAPES`,
-    per dtype): bf16 where it costs at most :data:`MARGIN` of fp32's on every shape and ``check``
-    finds it batch-invariant (checked only then)."""
+    """fp32 (``base``) or bf16 (``twin``) by the measured costs ``ms`` (ms of :data:`SHAPES` in order,
+    per dtype; the timing stops at the first shape bf16 does not win, so the lists may be shorter):
+    bf16 where it costs at most :data:`MARGIN` of fp32's on every shape and ``check`` finds it
+    batch-invariant (checked only then)."""
     slow, fast = ms[base.dtype], ms[twin.dtype]
-    shapes = "; ".join(f"{what} {f:.1f} against {s:.1f} ms" for what, f, s in zip(_shapes(base), fast, slow, strict=True))
-    costs = f"{FAST} against float32, measured on this model and CPU: {shapes}"
-    if any(f > MARGIN * s for f, s in zip(fast, slow, strict=True)):
+    timed = _shapes(base)[: len(fast)]
+    said = "; ".join(f"{what} {f:.1f} against {s:.1f} ms" for what, f, s in zip(timed, fast, slow, strict=True))
+    rest = " (the other forwards not timed)" if len(fast) < len(SHAPES) else ""
+    costs = f"{FAST} against float32, measured on this model and CPU: {said}{rest}"
+    if len(fast) < len(SHAPES) or any(f > MARGIN * s for f, s in zip(fast, slow, strict=True)):
         return Numerics(base.dtype, f"float32, chosen at load: {costs}", ms)
     found = check(twin)
     if not found.exact:
@@ -137,40 +143,56 @@ def decide(base: LoadedModel, twin: LoadedModel, ms: dict[str, list[float]], che
 
 
 def shapes(lm: LoadedModel) -> list[tuple[int, int, int]]:
-    """The step shapes timed, ``(rows, tokens, context)``: :data:`SHAPES`, within the model's positions."""
+    """The forwards timed, ``(rows, tokens, context)``: :data:`SHAPES`, within the model's positions."""
     room = (lm.context_length or 1 << 30) - (WARM + STEPS) * 4 - 4
     return [(rows, tokens, min(context, room)) for rows, tokens, context in SHAPES]
 
 
 def _shapes(lm: LoadedModel) -> list[str]:
-    words = {(1, 1): "a lone step", (2, 1): "two rows (a draft riding)"}
-    return [f"{words.get((r, t), f'a {t}-token verify')} at {c} tokens" for r, t, c in shapes(lm)]
+    def words(rows: int, tokens: int, context: int) -> str:
+        if not context:
+            return f"a {tokens}-token prefill"
+        what = "a lone step" if (rows, tokens) == (1, 1) else "two rows (a draft riding)" if rows == 2 \
+            else f"a {tokens}-token verify"
+        return f"{what} at {context} tokens"
+
+    return [words(*shape) for shape in shapes(lm)]
 
 
-def step_costs(*models: LoadedModel) -> dict[str, list[float]]:
-    """The median ms of a forward of each of :func:`shapes`, per model's dtype: the models' forwards
-    interleaved (so a busy machine weighs on each alike), after warm-up forwards."""
+def step_costs(base: LoadedModel, twin: LoadedModel) -> dict[str, list[float]]:
+    """The median ms of a forward of each of :func:`shapes` in turn, per model's dtype: the two
+    models' forwards interleaved (so a busy machine weighs on each alike), after warm-up forwards;
+    stopped after the first shape ``twin`` does not run faster by :data:`MARGIN` (the choice is made
+    then: a CPU that emulates bf16 pays for none of its slow prefills)."""
     from engine.runtime.cache import take_rows
 
+    models = (base, twin)
     vocab = min(m.model.get_output_embeddings().weight.shape[0] for m in models)
     ms: dict[str, list[float]] = {m.dtype: [] for m in models}
-    for rows, width, context in shapes(models[0]):
+    for rows, width, context in shapes(base):
         ids = [(7919 * i + 13) % vocab for i in range(context + (WARM + STEPS) * width)]
-        caches = [m.new_cache(len(ids) + 4, rows=rows) for m in models]
-        for m, cache in zip(models, caches, strict=True):
-            m.step_logits(ids[:context], cache, 0)
-            take_rows(cache, [0] * rows)
-        seconds: list[list[float]] = [[] for _ in models]
-        for j in range(WARM + STEPS):
-            at = context + j * width
+        caches = []
+        for m in models:
+            caches.append(m.new_cache(len(ids) + 4, rows=rows))
+            if context:
+                m.step_logits(ids[:context], caches[-1], 0)
+            take_rows(caches[-1], [0] * rows)
+        seconds: list[list[float]] = [[], []]
+        warm, steps = (WARM, STEPS) if context else PREFILLS
+        for j in range(warm + steps):
+            at = context + j * width if context else 0  # a prefill: each from an empty cache
             feed = torch.tensor([ids[at : at + width]] * rows)
             for m, cache, times in zip(models, caches, seconds, strict=True):
+                if not context:
+                    cache = m.new_cache(width + 4, rows=rows)
                 t0 = time.perf_counter()
                 m.forward(feed, cache, at)
-                if j >= WARM:
+                if j >= warm:
                     times.append(time.perf_counter() - t0)
         for m, times in zip(models, seconds, strict=True):
             ms[m.dtype].append(round(1000 * statistics.median(times), 3))
+        if ms[twin.dtype][-1] > MARGIN * ms[base.dtype][-1]:
+            break
     return ms
 
 
