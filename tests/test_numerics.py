@@ -29,6 +29,7 @@ from engine.runtime.attention import KEY_BLOCK, padded_keys
 from engine.runtime.exact import _first_difference, invariance
 from engine.runtime.model import LoadedModel, load_model
 from engine.runtime.numerics import Numerics, choose, decide, settle
+from engine.runtime.probe import capabilities
 from tests.families import family_model
 from tests.tiny import make_model
 
@@ -53,14 +54,16 @@ def _tokens(events) -> tuple:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bf16_is_batch_invariant_and_ssr_writes_baselines_tokens_or_bf16_is_refused(family):
     lm = _bf16(family_model(family, dtype=torch.float32))
-    inv = invariance(lm, False)
+    capabilities(lm)  # the routes the probe decides (one token a forward where multi-token forwards ignore the state)
+    inv = invariance(lm, False)  # on the route runs take, as the probe's own check measures it
     if inv.exact:
         cfg = RunConfig(**SMALL)
         assert _tokens(decode_ssr(lm, "hello there", cfg)) == _tokens(decode_baseline(lm, "hello there", cfg))
         return
     # refused: the choice keeps fp32 even where bf16 is faster, and says what was measured, where
     base = family_model(family, dtype=torch.float32)
-    kept = decide(base, lm, {"float32": [10.0, 20.0, 15.0, 18.0, 12.0], "bfloat16": [5.0, 10.0, 8.0, 9.0, 6.0]}, lambda m: inv)
+    kept = decide(base, lm, {"float32": [10.0, 20.0, 15.0, 18.0, 12.0], "bfloat16": [5.0, 10.0, 8.0, 9.0, 6.0]},
+                  lambda m: capabilities(m).check("batch invariance"))
     assert kept.dtype == "float32" and "not batch-invariant" in kept.why and inv.layer in kept.why
     assert family not in ("mistral-window", "gemma3", "qwen3-moe", "gpt2"), f"plain attention must hold: {inv}"
 
@@ -138,10 +141,13 @@ def test_bf16_faster_but_not_invariant_stays_on_float32_with_the_measured_differ
 
 
 def invariance_of(exact: bool):
+    """A scripted probe check (what ``numerics`` reads from the capability probe)."""
+    from engine.runtime.capabilities import INVARIANCE, Check
     from engine.runtime.exact import Invariance
 
     found = Invariance({2: 0.0, 3: 0.0}, {4: 0.0 if exact else 0.25}, None if exact else "model.layers.1.mlp", 0.1)
-    return lambda lm: found
+    check = Check(INVARIANCE, True, 0.0) if exact else Check(INVARIANCE, False, reason=str(found))
+    return lambda lm: check
 
 
 @pytest.fixture
@@ -203,7 +209,7 @@ def test_a_bf16_model_that_is_not_batch_invariant_is_refused_ssr_before_the_run(
     where it fails, SSR and sd are refused before anything streams, with the measured difference and
     the first module, and plain decoding still runs (exact mode's own self-check decides there)."""
     from engine.methods.sd import decode_sd
-    from engine.runtime.probe import MethodRefused, capabilities
+    from engine.runtime.probe import MethodRefused
 
     lm = _bf16(family_model("mamba2", dtype=torch.float32))
     check = capabilities(lm).check("batch invariance")

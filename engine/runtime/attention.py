@@ -88,13 +88,14 @@ def padded_keys(key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | Non
     mask = mask[..., :slots]
     if not pad:
         return key, value, mask
-    hidden = torch.zeros if mask.dtype == torch.bool else torch.full
-    fill = () if mask.dtype == torch.bool else (torch.finfo(mask.dtype).min,)
-    shape = (*mask.shape[:-1], pad)
-    mask = torch.cat([mask, hidden(shape, *fill, dtype=mask.dtype, device=mask.device)], dim=-1)
-    zeros = key.new_zeros(*key.shape[:2], pad, key.shape[3])
-    return torch.cat([key, zeros], dim=2), torch.cat([value, zeros if value.shape == key.shape else
-                                                      value.new_zeros(*value.shape[:2], pad, value.shape[3])], dim=2), mask
+    hidden = False if mask.dtype == torch.bool else torch.finfo(mask.dtype).min
+    mask = torch.cat([mask, mask.new_full((*mask.shape[:-1], pad), hidden)], dim=-1)
+    return _zeros_after(key, pad), _zeros_after(value, pad), mask
+
+
+def _zeros_after(t: torch.Tensor, pad: int) -> torch.Tensor:
+    """``t`` ``[B, H, S, D]`` with ``pad`` slots of zeros after its own."""
+    return torch.cat([t, t.new_zeros(*t.shape[:2], pad, t.shape[3])], dim=2)
 
 
 def register() -> None:

@@ -2,19 +2,19 @@
 
 A CPU with native bf16 (AVX512-BF16, AMX) runs a small model's linears in bf16 at nearly the cost
 of one row whatever the rows, and its LM head several times faster than in fp32; a CPU without
-it emulates bf16: some forwards run faster than in fp32, others not. Which holds is measured, not read from a list of
-CPU flags: :func:`choose`, at load, when no precision is asked for (``--dtype``), times the
-forwards the methods run (:data:`SHAPES`: a lone step at a short and a long context, a verify of
-a few tokens, a draft riding, a prompt's prefill) in fp32 and in bf16 on the model itself (warm, interleaved, the
-median of several), and keeps bf16 only where it is faster by :data:`MARGIN` at every one (a CPU
-that emulates bf16 can run a lone step faster and a verify or a riding row slower: SSR would then
-lose what it saves) and measured batch-invariant
-(``engine.runtime.exact.invariance`` on the fast path, bitwise: a token alone, beside other rows
-and inside wider forwards, which ``engine.runtime.attention``'s whole key blocks make hold on the
-CPU), so greedy SSR writes plain decoding's tokens in it. Otherwise fp32 stays, with the reason.
-The decision is kept with the capability probe's cache (keyed as the probe keys a model: its
-files, the CPU's instruction set, the library versions, the runtime's source), so a later load
-reads it back instead of measuring again.
+it emulates bf16: some forwards run faster than in fp32, others not. Which holds is measured, not
+read from a list of CPU flags: :func:`choose`, at load, when no precision is asked for
+(``--dtype``), times the forwards the methods run (:data:`SHAPES`: a prompt's prefill, a lone step
+at a short and a long context, a verify of a few tokens, a draft riding) in fp32 and in bf16 on
+the model itself (warm, interleaved, the median of several), and keeps bf16 only where it is
+faster by :data:`MARGIN` at every one (a CPU that emulates bf16 can run a lone step faster and a
+prefill, a verify or a riding row slower: SSR would then lose what it saves) and measured
+batch-invariant (the capability probe's ``batch invariance`` check, bitwise: a token alone, beside
+other rows and inside wider forwards, which ``engine.runtime.attention``'s whole key blocks make
+hold on the CPU), so greedy SSR writes plain decoding's tokens in it. Otherwise fp32 stays, with
+the reason. The decision is kept with the capability probe's cache (keyed as the probe keys a
+model: its files, the CPU's instruction set, the library versions, the runtime's source), so a
+later load reads it back instead of measuring again.
 
 :class:`Numerics` is the decision and its evidence, on the model (``lm.numerics``): the strip's
 precision cell and the run log show its sentence.
@@ -23,10 +23,9 @@ precision cell and the run log show its sentence.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,9 +33,11 @@ from pathlib import Path
 import torch
 
 from engine.presets import BUNDLED_DIR
-from engine.runtime.cache import available_bytes
+from engine.runtime.cache import available_bytes, take_rows
+from engine.runtime.capabilities import INVARIANCE, Check
 from engine.runtime.gguf import Progress, cache_dir
 from engine.runtime.model import LoadedModel
+from engine.runtime.probe import capabilities, measured_now, probe_identity, timed_in_turn, write_json
 
 FAST = "bfloat16"
 MARGIN = 0.9  # bf16 is kept where each forward of SHAPES costs at most this fraction of fp32's
@@ -56,7 +57,7 @@ class Numerics:
     dtype: str  # what the runs' weights are in
     why: str  # how it was chosen, in words, for the strip and the run log
     step_ms: dict[str, list[float]] = field(default_factory=dict)  # SHAPES' median ms in order, per precision (as timed)
-    invariance: str | None = None  # the bf16 batch-invariance check, as measured (None: not run)
+    invariance: str | None = None  # the probe's bf16 batch-invariance check, as measured (None: not run)
     cached: str | None = None  # when the decision read back from the cache was measured; None: this process
 
     @property
@@ -88,12 +89,10 @@ def settle(lm: LoadedModel, asked: str | None, progress: Progress | None = None)
 
 def choose(lm: LoadedModel, progress: Progress | None = None,
            cost: Callable[[LoadedModel, LoadedModel], dict[str, list[float]]] | None = None,
-           check: Callable[[LoadedModel], object] | None = None) -> LoadedModel:
+           check: Callable[[LoadedModel], Check | None] | None = None) -> LoadedModel:
     """``lm`` (fp32, on the CPU) or its bf16 twin, whichever :func:`decide` keeps, with
     ``.numerics`` set. ``cost`` (two models -> ms of each shape, per dtype) and ``check`` (a model ->
-    an ``Invariance``) are the measurements, replaceable by scripted ones in tests."""
-    from engine.runtime.probe import probe_identity
-
+    the probe's batch-invariance ``Check``) are the measurements, replaceable by scripted ones in tests."""
     identity = probe_identity(lm)
     path = _cache_file(lm, identity) if identity else None
     kept = _read(path, identity) if path else None
@@ -114,13 +113,12 @@ def choose(lm: LoadedModel, progress: Progress | None = None,
     chosen = twin if numerics.dtype == FAST else lm
     chosen.numerics = numerics
     if path:
-        from engine.runtime.probe import measured_now, write_json
-
         write_json(path, {"identity": identity, "measured": measured_now(), "numerics": _saved(numerics)})
     return chosen
 
 
-def decide(base: LoadedModel, twin: LoadedModel, ms: dict[str, list[float]], check: Callable[[LoadedModel], object]) -> Numerics:
+def decide(base: LoadedModel, twin: LoadedModel, ms: dict[str, list[float]],
+           check: Callable[[LoadedModel], Check | None]) -> Numerics:
     """fp32 (``base``) or bf16 (``twin``) by the measured costs ``ms`` (ms of :data:`SHAPES` in order,
     per dtype; the timing stops at the first shape bf16 does not win, so the lists may be shorter):
     bf16 where it costs at most :data:`MARGIN` of fp32's on every shape and ``check`` finds it
@@ -133,10 +131,10 @@ def decide(base: LoadedModel, twin: LoadedModel, ms: dict[str, list[float]], che
     if len(fast) < len(SHAPES) or any(f > MARGIN * s for f, s in zip(fast, slow, strict=True)):
         return Numerics(base.dtype, f"float32, chosen at load: {costs}", ms)
     found = check(twin)
-    if not found.exact:
+    if found is None or not found.ok:
         return Numerics(base.dtype, f"float32, chosen at load: {FAST} was faster ({costs}) but is not batch-invariant "
-                                    f"on this model ({found}), so SSR in it would not write plain decoding's tokens",
-                        ms, str(found))
+                                    f"on this model ({found or 'not measured: the capability probe failed first'}), so "
+                                    "SSR in it would not write plain decoding's tokens", ms, str(found))
     return Numerics(FAST, f"{FAST}, chosen at load: {costs}; a token's logits are bitwise the same alone, beside other "
                           "rows and inside wider forwards (measured), so SSR writes plain decoding's tokens in it",
                     ms, str(found))
@@ -161,45 +159,49 @@ def _shapes(lm: LoadedModel) -> list[str]:
 
 def step_costs(base: LoadedModel, twin: LoadedModel) -> dict[str, list[float]]:
     """The median ms of a forward of each of :func:`shapes` in turn, per model's dtype: the two
-    models' forwards interleaved (so a busy machine weighs on each alike), after warm-up forwards;
-    stopped after the first shape ``twin`` does not run faster by :data:`MARGIN` (the choice is made
-    then: a CPU that emulates bf16 pays for none of its slow prefills)."""
-    from engine.runtime.cache import take_rows
-
+    models' forwards interleaved (``timed_in_turn``: a busy machine weighs on each alike), after
+    warm-up forwards; stopped after the first shape ``twin`` does not run faster by :data:`MARGIN`
+    (the choice is made then: a CPU that emulates bf16 pays for none of its slow prefills)."""
     models = (base, twin)
     vocab = min(m.model.get_output_embeddings().weight.shape[0] for m in models)
     ms: dict[str, list[float]] = {m.dtype: [] for m in models}
     for rows, width, context in shapes(base):
-        ids = [(7919 * i + 13) % vocab for i in range(context + (WARM + STEPS) * width)]
-        caches = []
-        for m in models:
-            caches.append(m.new_cache(len(ids) + 4, rows=rows))
-            if context:
-                m.step_logits(ids[:context], caches[-1], 0)
-            take_rows(caches[-1], [0] * rows)
-        seconds: list[list[float]] = [[], []]
-        warm, steps = (WARM, STEPS) if context else PREFILLS
-        for j in range(warm + steps):
-            at = context + j * width if context else 0  # a prefill: each from an empty cache
-            feed = torch.tensor([ids[at : at + width]] * rows)
-            for m, cache, times in zip(models, caches, seconds, strict=True):
-                if not context:
-                    cache = m.new_cache(width + 4, rows=rows)
-                t0 = time.perf_counter()
-                m.forward(feed, cache, at)
-                if j >= warm:
-                    times.append(time.perf_counter() - t0)
-        for m, times in zip(models, seconds, strict=True):
-            ms[m.dtype].append(round(1000 * statistics.median(times), 3))
+        warm, timed = (WARM, STEPS) if context else PREFILLS
+        ids = [(7919 * i + 13) % vocab for i in range(context + (warm + timed) * width)]
+        got = timed_in_turn([_forwards(m, ids, rows, width, context) for m in models], warm, timed)
+        for m, median in zip(models, got, strict=True):
+            ms[m.dtype].append(median)
         if ms[twin.dtype][-1] > MARGIN * ms[base.dtype][-1]:
             break
     return ms
 
 
-def _invariance(lm: LoadedModel):
-    from engine.runtime.exact import invariance
+def _forwards(lm: LoadedModel, ids: list[int], rows: int, width: int, context: int) -> Callable[[int], Callable[[], object]]:
+    """Round ``j``'s forward of one shape on ``lm`` (for ``timed_in_turn``): ``rows`` rows of
+    ``width`` tokens after the ``context`` tokens prefilled once, each round appending; a prefill
+    (``context`` 0) each round from an empty cache made before the clock."""
 
-    return invariance(lm, False)
+    def cache_of(slots: int):
+        cache = lm.new_cache(slots + 4, rows=rows)
+        if context:
+            lm.step_logits(ids[:context], cache, 0)
+        take_rows(cache, [0] * rows)
+        return cache
+
+    held = cache_of(len(ids)) if context else None
+
+    def prepare(j: int) -> Callable[[], object]:
+        at = context + j * width if context else 0
+        return functools.partial(lm.forward, torch.tensor([ids[at : at + width]] * rows), held if held is not None else cache_of(width), at)
+
+    return prepare
+
+
+def _invariance(lm: LoadedModel) -> Check | None:
+    """The capability probe's bf16 batch-invariance check on ``lm`` (the probe is then kept with the
+    model: its later ``capabilities`` call reads it, nothing is measured twice); None where the probe
+    ran no such check (plain decoding itself failed there)."""
+    return capabilities(lm).check(INVARIANCE)
 
 
 def _twin(lm: LoadedModel, dtype: torch.dtype, copy_weights: bool = False) -> LoadedModel:

